@@ -1,0 +1,220 @@
+"""A small async client for the /v1/listen protocol (docs/protocol.md).
+
+    async with ListenClient("ws://127.0.0.1:8000", language="en") as client:
+        await client.send_audio(pcm_float32_16k)          # or raw bytes in the session encoding
+        final = await client.close()                       # commits everything, returns Final
+        print(final.text)
+
+Messages arrive as typed `service.protocol` dataclasses through `async for m in client` (or are
+collected in `client.messages` when `close()`/`finalize()` wait for their `final`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from urllib.parse import urlencode
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from service import protocol as P
+
+
+class ClientError(Exception):
+    """A failure the user can act on; `str(e)` says what happened and what to do."""
+
+
+class ServerUnreachable(ClientError):
+    pass
+
+
+class AuthFailed(ClientError):
+    pass
+
+
+class SessionEnded(ClientError):
+    """The server closed the session; `code` is the close code, `error` its last error message."""
+
+    def __init__(self, message: str, code: int | None = None, error: P.Error | None = None):
+        super().__init__(message)
+        self.code, self.error = code, error
+
+
+RETRYABLE_CLOSE = {P.CloseCode.GOING_AWAY, P.CloseCode.TRY_AGAIN, 1006}
+
+
+def listen_url(server: str, *, sample_rate: int = 16000, encoding: str = "pcm_s16le",
+               language: str | None = None, keywords=(), token: str | None = None,
+               vad: bool = True) -> str:
+    """The /v1/listen URL with its query parameters."""
+    base = server.rstrip("/")
+    if base.startswith("http"):
+        base = "ws" + base[4:]
+    if not base.endswith("/v1/listen"):
+        base += "/v1/listen"
+    params = [("sample_rate", str(sample_rate)), ("encoding", encoding)]
+    if language:
+        params.append(("language", language))
+    params += [("keyword", k) for k in keywords]
+    if token:
+        params.append(("token", token))
+    if not vad:
+        params.append(("vad", "false"))
+    return base + "?" + urlencode(params)
+
+
+def to_pcm(audio, encoding: str = "pcm_s16le") -> bytes:
+    """float32 samples in [-1, 1] (or bytes, passed through) -> the session encoding's bytes."""
+    if isinstance(audio, (bytes, bytearray, memoryview)):
+        return bytes(audio)
+    audio = np.asarray(audio, dtype=np.float32)
+    if encoding == "pcm_f32le":
+        return audio.astype("<f4").tobytes()
+    return (np.clip(audio, -1.0, 1.0) * 32767).round().astype("<i2").tobytes()
+
+
+class ListenClient:
+    def __init__(self, server: str = "ws://127.0.0.1:8000", *, sample_rate: int = 16000,
+                 encoding: str = "pcm_s16le", language: str | None = None, keywords=(),
+                 token: str | None = None, vad: bool = True, origin: str | None = None,
+                 retries: int = 0, backoff: float = 0.5, max_backoff: float = 8.0,
+                 open_timeout: float = 10.0):
+        self.server = server
+        self.encoding = encoding
+        self.url = listen_url(server, sample_rate=sample_rate, encoding=encoding, language=language,
+                              keywords=keywords, vad=vad)
+        self.token = token
+        self.origin = origin
+        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
+        self.open_timeout = open_timeout
+        self.ws: ClientConnection | None = None
+        self.ready: P.Ready | None = None
+        self.messages: list[P.ServerMessage] = []   # every message received, in order
+        self.committed: list[P.Committed] = []
+        self.last_error: P.Error | None = None
+
+    # -- connection --------------------------------------------------------------------------
+    async def connect(self) -> P.Ready:
+        """Open a session and wait for `ready`, retrying with exponential backoff + jitter.
+
+        Raises ServerUnreachable (no server), AuthFailed (4401: wrong token) or SessionEnded.
+        """
+        attempt = 0
+        while True:
+            try:
+                return await self._connect_once()
+            except AuthFailed:
+                raise
+            except (ServerUnreachable, SessionEnded) as e:
+                retryable = isinstance(e, ServerUnreachable) or e.code in RETRYABLE_CLOSE
+                if not retryable or attempt >= self.retries:
+                    raise
+            attempt += 1
+            delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+            await asyncio.sleep(delay * (0.75 + 0.5 * random.random()))
+
+    async def _connect_once(self) -> P.Ready:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        try:
+            self.ws = await connect(self.url, additional_headers=headers, origin=self.origin,
+                                    open_timeout=self.open_timeout, max_size=2 ** 22)
+        except InvalidStatus as e:
+            status = e.response.status_code
+            body = e.response.body.decode("utf-8", "replace").strip()
+            if status == 403:
+                raise ClientError(f"the server refused this origin: {body}") from e
+            raise ServerUnreachable(f"{self.server} answered HTTP {status}: {body}") from e
+        except (OSError, asyncio.TimeoutError) as e:
+            raise ServerUnreachable(f"cannot reach {self.server}: {e.__class__.__name__}: {e} "
+                                    "(is `whistle-stream serve` running?)") from e
+        message = await self.receive()
+        if not isinstance(message, P.Ready):
+            raise SessionEnded(f"expected ready, got {message}")
+        self.ready = message
+        return message
+
+    def _ended(self, e: ConnectionClosed) -> ClientError:
+        code = e.rcvd.code if e.rcvd is not None else 1006
+        if code == P.CloseCode.UNAUTHORIZED:
+            return AuthFailed("authentication failed: the server rejected the token "
+                              "(pass --token or set WHISTLE_TOKEN)")
+        detail = f": {self.last_error.code.value}: {self.last_error.message}" if self.last_error else ""
+        return SessionEnded(f"the server closed the session (code {code}){detail}", code, self.last_error)
+
+    async def receive(self) -> P.ServerMessage:
+        """The next server message. Raises SessionEnded/AuthFailed when the session closed."""
+        try:
+            text = await self.ws.recv()
+        except ConnectionClosed as e:
+            raise self._ended(e) from e
+        message = P.decode_server(text)
+        self.messages.append(message)
+        if isinstance(message, P.Committed):
+            self.committed.append(message)
+        elif isinstance(message, P.Error):
+            self.last_error = message
+        return message
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> P.ServerMessage:
+        try:
+            return await self.receive()
+        except SessionEnded as e:
+            if e.code == P.CloseCode.NORMAL:
+                raise StopAsyncIteration
+            raise
+
+    async def __aenter__(self) -> "ListenClient":
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+
+    # -- sending -----------------------------------------------------------------------------
+    async def send_audio(self, audio) -> None:
+        """Send float32 samples at the session rate (or bytes already in the session encoding)."""
+        try:
+            await self.ws.send(to_pcm(audio, self.encoding))
+        except ConnectionClosed as e:
+            raise self._ended(e) from e
+
+    async def _send_json(self, obj: dict) -> None:
+        try:
+            await self.ws.send(json.dumps(obj))
+        except ConnectionClosed as e:
+            raise self._ended(e) from e
+
+    async def keepalive(self) -> None:
+        await self._send_json({"type": "keepalive"})
+
+    async def configure(self, keywords) -> None:
+        await self._send_json({"type": "configure", "keywords": list(keywords)})
+
+    async def _until_final(self) -> P.Final:
+        while True:
+            message = await self.receive()
+            if isinstance(message, P.Final):
+                return message
+
+    async def finalize(self) -> P.Final:
+        """Commit everything sent so far and wait for the `final`; the session stays open."""
+        await self._send_json({"type": "finalize"})
+        return await self._until_final()
+
+    async def close(self) -> P.Final:
+        """Commit everything, wait for the `final` and the server's close."""
+        await self._send_json({"type": "close"})
+        final = await self._until_final()
+        await self.ws.wait_closed()
+        return final
+
+    @property
+    def text(self) -> str:
+        return "".join(c.text for c in self.committed)

@@ -1,0 +1,378 @@
+"""`whistle-listen`: live captions from a microphone or a WAV file, through a server or in-process.
+
+    whistle-listen                                 # microphone -> ws://127.0.0.1:8000
+    whistle-listen --file clip.wav --speed 4       # a file, paced at 4x real time
+    whistle-listen --json                          # server messages as JSON lines
+    whistle-listen --local --file clip.wav         # no server: the engine runs in this process
+
+Committed text is printed as it arrives with the pending tail dimmed after it on the same line
+(ANSI, when stdout is a terminal). Ctrl-C finalizes and prints a summary to stderr. Exit status:
+0 done, 1 session error, 2 usage, 3 server unreachable, 4 authentication failed, 5 no audio input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import time
+import wave
+from dataclasses import dataclass, field
+
+import numpy as np
+import soxr
+
+from service import protocol as P
+
+from .client import AuthFailed, ClientError, ListenClient, RETRYABLE_CLOSE, ServerUnreachable, SessionEnded
+
+RATE = 16000
+BLOCK_S = 0.1          # audio sent per frame: 100 ms keeps latency low and frames small
+EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_NO_AUDIO = 1, 2, 3, 4, 5
+DIM, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[0m", "\r\x1b[K"
+
+
+class AudioInputError(Exception):
+    """No usable audio input (no microphone, unreadable file)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Display
+
+class Caption:
+    """Committed text followed by the dimmed pending tail on one line; a new line per utterance."""
+
+    def __init__(self, out, ansi: bool, width: int | None = None):
+        self.out, self.ansi = out, ansi
+        self.width = width or shutil.get_terminal_size((100, 20)).columns
+        self.line = ""      # committed text of the current utterance
+        self.pending = ""
+
+    def _render(self) -> None:
+        if not self.ansi:
+            return
+        room = max(10, self.width - 1)
+        shown = (self.line + self.pending)[-room:]
+        cut = max(0, len(shown) - len(self.pending))
+        self.out.write(CLEAR_LINE + shown[:cut] + DIM + shown[cut:] + RESET)
+        self.out.flush()
+
+    def _newline(self) -> None:
+        if self.ansi:
+            self.out.write(CLEAR_LINE + self.line[-max(10, self.width - 1):] + "\n")
+        elif self.line:
+            self.out.write("\n")
+        self.out.flush()
+        self.line, self.pending = "", ""
+
+    def update(self, message: P.ServerMessage) -> None:
+        if isinstance(message, P.Committed):
+            self.line += message.text
+            if not self.ansi and message.text:
+                self.out.write(message.text)
+            if message.end_of_speech and self.line:
+                self._newline()
+                return
+        elif isinstance(message, P.Partial):
+            self.pending = message.pending
+        elif isinstance(message, P.Final):
+            self.pending = ""
+            if self.line:
+                self._newline()
+            return
+        elif isinstance(message, P.Error):
+            if self.ansi:
+                self.out.write(CLEAR_LINE)
+            sys.stderr.write(f"\nserver error {message.code.value}: {message.message}\n")
+        self._render()
+
+
+class JsonLines:
+    def __init__(self, out):
+        self.out = out
+
+    def update(self, message: P.ServerMessage) -> None:
+        self.out.write(P.encode(message) + "\n")
+        self.out.flush()
+
+
+@dataclass
+class Summary:
+    audio_seconds: float = 0.0
+    passes: int = 0
+    pass_ms: float = 0.0
+    language: str = ""
+    sessions: int = 0
+    text: list = field(default_factory=list)
+
+    def add(self, final: P.Final) -> None:
+        self.audio_seconds += final.audio_seconds
+        self.passes += final.passes
+        self.pass_ms += final.mean_pass_ms * final.passes
+        self.language = final.language or self.language
+
+    def line(self) -> str:
+        mean = self.pass_ms / self.passes if self.passes else 0.0
+        return (f"audio {self.audio_seconds:.1f} s, {self.passes} passes, mean pass {mean:.0f} ms, "
+                f"language {self.language or '-'}" + (f", {self.sessions} sessions" if self.sessions > 1 else ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Audio sources: async iterators of float32 16 kHz mono blocks
+
+def read_wav(path: str) -> tuple[np.ndarray, int]:
+    """A PCM WAV file -> (float32 mono in [-1, 1], rate). Raises AudioInputError."""
+    try:
+        with wave.open(path, "rb") as w:
+            rate, width, channels = w.getframerate(), w.getsampwidth(), w.getnchannels()
+            data = w.readframes(w.getnframes())
+    except (OSError, EOFError, wave.Error) as e:
+        raise AudioInputError(f"cannot read {path!r} as a PCM WAV file: {e}") from e
+    if width == 1:
+        samples = (np.frombuffer(data, np.uint8).astype(np.float32) - 128) / 128
+    elif width == 2:
+        samples = np.frombuffer(data, "<i2").astype(np.float32) / 32768
+    elif width == 3:
+        raw = np.frombuffer(data, np.uint8).reshape(-1, 3)
+        ints = (raw[:, 0].astype(np.int32) | raw[:, 1].astype(np.int32) << 8 | raw[:, 2].astype(np.int32) << 16)
+        samples = ((ints << 8) >> 8).astype(np.float32) / (1 << 23)
+    elif width == 4:
+        samples = np.frombuffer(data, "<i4").astype(np.float32) / (1 << 31)
+    else:
+        raise AudioInputError(f"{path!r}: unsupported sample width {width} bytes; use 8-32 bit PCM")
+    samples = samples.reshape(-1, channels).mean(axis=1).astype(np.float32)
+    return samples, rate
+
+
+async def file_blocks(path: str, speed: float = 1.0):
+    """A WAV file as 16 kHz blocks of BLOCK_S seconds, paced at `speed` times real time."""
+    samples, rate = read_wav(path)
+    if rate != RATE:
+        samples = soxr.resample(samples, rate, RATE).astype(np.float32)
+    block = int(BLOCK_S * RATE)
+    start = time.monotonic()
+    for i in range(0, len(samples), block):
+        yield samples[i:i + block]
+        delay = start + (i + block) / RATE / speed - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+def load_sounddevice():
+    try:
+        import sounddevice
+    except (ImportError, OSError) as e:   # OSError: the PortAudio library is missing
+        raise AudioInputError(f"no microphone: sounddevice/PortAudio is unavailable ({e}); "
+                              "use --file clip.wav") from e
+    return sounddevice
+
+
+async def microphone_blocks(sd, device=None, block_s: float = BLOCK_S):
+    """The microphone at its own rate (sounddevice), resampled to 16 kHz blocks."""
+    try:
+        info = sd.query_devices(device, "input")
+        rate = int(info["default_samplerate"])
+    except Exception as e:   # sounddevice raises ValueError / PortAudioError for no device
+        raise AudioInputError(f"no microphone found ({e}); check the input device or use --file") from e
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue(maxsize=200)
+
+    def callback(indata, frames, time_info, status):
+        block = np.array(indata[:, 0] if indata.ndim == 2 else indata, dtype=np.float32)
+        loop.call_soon_threadsafe(_offer, queue, block)
+
+    resampler = None if rate == RATE else soxr.ResampleStream(rate, RATE, 1, dtype="float32")
+    try:
+        stream = sd.InputStream(samplerate=rate, channels=1, dtype="float32", device=device,
+                                blocksize=int(rate * block_s), callback=callback)
+    except Exception as e:
+        raise AudioInputError(f"cannot open the microphone ({e})") from e
+    with stream:
+        while True:
+            block = await queue.get()
+            yield block if resampler is None else resampler.resample_chunk(block).astype(np.float32)
+
+
+def _offer(queue: asyncio.Queue, block) -> None:
+    if queue.full():
+        queue.get_nowait()  # the consumer fell behind: drop the oldest block, keep the newest
+    queue.put_nowait(block)
+
+
+async def limited(blocks, seconds: float | None, stop: asyncio.Event):
+    """Pass blocks through until `seconds` of audio or `stop` (Ctrl-C)."""
+    sent = 0.0
+    async for block in blocks:
+        if stop.is_set():
+            return
+        yield block
+        sent += len(block) / RATE
+        if seconds is not None and sent >= seconds:
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a session
+
+async def run_remote(args, blocks, display, summary: Summary) -> None:
+    """Stream blocks to the server; reconnect with backoff when the session drops mid-stream."""
+    blocks = blocks.__aiter__()
+    while True:
+        client = ListenClient(args.server, sample_rate=RATE, language=args.language,
+                              keywords=args.keyword, token=args.token, vad=not args.no_vad,
+                              retries=args.retries)
+        await client.connect()
+        summary.sessions += 1
+
+        async def receive():
+            async for message in client:
+                display.update(message)
+                if isinstance(message, P.Final) and message.reason != "finalize":
+                    summary.add(message)
+
+        receiver = asyncio.create_task(receive())
+        dropped = None
+        try:
+            async for block in blocks:
+                if receiver.done():
+                    break
+                await client.send_audio(block)
+            if not receiver.done():
+                await client._send_json({"type": "close"})
+            await receiver
+            return
+        except SessionEnded as e:
+            dropped = e
+        finally:
+            receiver.cancel()
+        if dropped.code not in RETRYABLE_CLOSE:
+            raise dropped
+        sys.stderr.write(f"\nconnection lost ({dropped}); reconnecting\n")
+
+
+async def run_local(args, blocks, display, summary: Summary, model=None) -> None:
+    """The engine in this process, through the same audio path and message logic as the server."""
+    from service.audio import AudioPath, Chunk, TimeMap
+    from service.server import _engine_gate
+
+    if model is None:
+        from whistle_stream import Whistle
+        model = Whistle(args.model)
+    loop = asyncio.get_running_loop()
+    config = P.SessionConfig(language=args.language, keywords=tuple(args.keyword), vad=not args.no_vad)
+    session = P.Session("local", config, getattr(model, "name", "whistle"), model.dims.languages)
+    stream = model.open_stream(language=args.language, keywords=list(args.keyword) or None)
+    path = AudioPath(RATE, vad=config.vad)
+    time_map = TimeMap()
+    gate = _engine_gate(model) if config.vad else None
+    fed = False
+    display.update(session.ready())
+
+    def publish(d, **kw):
+        d = dict(d, words=[dict(w, start=time_map(w["start"]), end=time_map(w["end"]))
+                           for w in d.get("words", ())])
+        for m in (session.final(d, kw["final"]) if "final" in kw else session.results(d, **kw)):
+            display.update(m)
+            if isinstance(m, P.Final) and m.reason != "finalize":
+                summary.add(m)
+
+    async def handle(events):
+        nonlocal fed
+        for event in events:
+            if isinstance(event, Chunk):
+                if not fed and gate is not None and not await loop.run_in_executor(None, gate, event.audio):
+                    continue
+                fed = True
+                time_map.add(event)
+                publish(await loop.run_in_executor(None, stream.feed, event.audio))
+            elif fed:
+                fed = False
+                publish(await loop.run_in_executor(None, stream.finalize), end_of_speech=True)
+
+    summary.sessions = 1
+    async for block in blocks:
+        session.check(P.Audio(P.ENCODINGS["pcm_f32le"] * b"\0" * len(block)))
+        await handle(path.push(block))
+    await handle(path.flush(last=True))
+    publish(await loop.run_in_executor(None, stream.finish), final="close")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="whistle-listen", description="Live captions from a microphone "
+                                "or a WAV file, via a whistle-stream server or in-process.")
+    p.add_argument("--server", default=os.environ.get("WHISTLE_SERVER", "ws://127.0.0.1:8000"),
+                   help="server URL [env WHISTLE_SERVER, default ws://127.0.0.1:8000]")
+    p.add_argument("--language", help="force a language (default: detect)")
+    p.add_argument("--keyword", action="append", default=[], help="keyword phrase to bias toward (repeatable)")
+    p.add_argument("--token", default=os.environ.get("WHISTLE_TOKEN"), help="server token [env WHISTLE_TOKEN]")
+    p.add_argument("--file", help="stream this WAV file instead of the microphone")
+    p.add_argument("--speed", type=float, default=1.0, help="--file pace, times real time (default 1)")
+    p.add_argument("--seconds", type=float, help="stop after this much audio")
+    p.add_argument("--device", help="sounddevice input device (name or index)")
+    p.add_argument("--json", action="store_true", help="print the server messages as JSON lines")
+    p.add_argument("--local", action="store_true", help="run the engine in this process, no server")
+    p.add_argument("--model", help="model file for --local (default: model resolution)")
+    p.add_argument("--no-vad", action="store_true", help="send everything to the engine (no speech gate)")
+    p.add_argument("--retries", type=int, default=5, help="reconnect attempts with backoff (default 5)")
+    return p
+
+
+async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
+    out = out or sys.stdout
+    display = JsonLines(out) if args.json else Caption(out, ansi=out.isatty())
+    summary = Summary()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    except (NotImplementedError, RuntimeError):
+        pass
+    try:
+        if args.file:
+            source = file_blocks(args.file, args.speed)
+        else:
+            device = int(args.device) if args.device and args.device.isdigit() else args.device
+            source = microphone_blocks(sounddevice or load_sounddevice(), device)
+        blocks = limited(source, args.seconds, stop)
+        if args.local:
+            await run_local(args, blocks, display, summary, model=model)
+        else:
+            await run_remote(args, blocks, display, summary)
+    except AudioInputError as e:
+        sys.stderr.write(f"whistle-listen: {e}\n")
+        return EXIT_NO_AUDIO
+    except ServerUnreachable as e:
+        sys.stderr.write(f"whistle-listen: {e}\n")
+        return EXIT_UNREACHABLE
+    except AuthFailed as e:
+        sys.stderr.write(f"whistle-listen: {e}\n")
+        return EXIT_AUTH
+    except ClientError as e:
+        sys.stderr.write(f"whistle-listen: {e}\n")
+        return EXIT_ERROR
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGINT)
+        except (NotImplementedError, RuntimeError):
+            pass
+    if not args.json:
+        sys.stderr.write(summary.line() + "\n")
+    return 0
+
+
+def main(argv=None, *, sounddevice=None, model=None) -> int:
+    """Console entry point. `sounddevice` and `model` let tests inject a fake device or engine."""
+    args = build_parser().parse_args(argv)
+    if args.speed <= 0:
+        build_parser().error("--speed must be positive")
+    try:
+        return asyncio.run(amain(args, sounddevice=sounddevice, model=model))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

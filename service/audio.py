@@ -1,0 +1,155 @@
+"""One session's audio path before the engine: resample to 16 kHz, gate speech, cut engine steps.
+
+`AudioPath.push(float32 at the client's rate)` returns events: `Chunk`s of 16 kHz audio for the
+engine (whole steps while speech goes on, the remainder when it ends) and `EndOfSpeech` after
+`end_of_speech_ms` of non-speech following speech. With VAD off, every sample goes to the engine in
+whole steps and no `EndOfSpeech` is produced. No passes run on silence: audio between utterances
+never reaches the engine. `TimeMap` turns engine seconds (which skip the dropped silence) back into
+session seconds for word times.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+import webrtcvad
+
+RATE = 16000
+VAD_FRAME = 480        # 30 ms at 16 kHz: one of webrtcvad's three frame sizes
+PREROLL_FRAMES = 10    # 300 ms kept before a speech onset so the first word's attack is not cut
+ONSET_FRAMES = 3       # speech frames among the last ONSET_WINDOW that start an utterance (90 ms)
+ONSET_WINDOW = 10      # ... so a single click is not speech
+
+
+@dataclass
+class Chunk:
+    audio: np.ndarray  # float32, 16 kHz
+    start: float       # session seconds of audio[0]
+    first: bool        # first chunk of an utterance (or of the stream with VAD off)
+
+
+@dataclass
+class EndOfSpeech:
+    at: float          # session seconds where the speech ended
+
+
+class AudioPath:
+    def __init__(self, sample_rate: int, *, step_s: float = 1.0, vad: bool = True,
+                 aggressiveness: int = 2, end_of_speech_ms: int = 600):
+        self.sample_rate = sample_rate
+        self.step = int(round(step_s * RATE))
+        self.vad = webrtcvad.Vad(aggressiveness) if vad else None
+        self.hangover = max(1, end_of_speech_ms // 30)       # VAD frames of non-speech
+        self._resampler = (None if sample_rate == RATE else
+                           soxr.ResampleStream(sample_rate, RATE, 1, dtype="float32", quality="HQ"))
+        self._frame_tail = np.zeros(0, np.float32)  # 16 kHz samples not yet a whole VAD frame
+        self._position = 0                          # 16 kHz samples seen (session time)
+        self._buffer: list[np.ndarray] = []         # audio for the engine, not yet a whole step
+        self._buffered = 0
+        self._buffer_start = 0                      # session sample of the buffer's first sample
+        self._first = True
+        self._preroll: deque[np.ndarray] = deque(maxlen=PREROLL_FRAMES)
+        self._recent: deque[bool] = deque(maxlen=ONSET_WINDOW)
+        self.in_speech = self.vad is None
+        self._silent_frames = 0
+
+    def _resample(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
+        if self._resampler is None:
+            return samples
+        return np.asarray(self._resampler.resample_chunk(samples, last=last), dtype=np.float32)
+
+    def _append(self, audio: np.ndarray, start: int, out: list) -> None:
+        if not self._buffered:
+            self._buffer_start = start
+        self._buffer.append(audio)
+        self._buffered += len(audio)
+        while self._buffered >= self.step:
+            joined = np.concatenate(self._buffer)
+            out.append(Chunk(joined[:self.step], self._buffer_start / RATE, self._first))
+            self._first = False
+            rest = joined[self.step:]
+            self._buffer_start += self.step
+            self._buffer, self._buffered = ([rest], len(rest)) if len(rest) else ([], 0)
+
+    def _drain(self, out: list) -> None:
+        if self._buffered:
+            out.append(Chunk(np.concatenate(self._buffer), self._buffer_start / RATE, self._first))
+            self._first = False
+            self._buffer, self._buffered = [], 0
+
+    def _frame(self, frame: np.ndarray, out: list) -> None:
+        start = self._position
+        self._position += len(frame)
+        pcm = (np.clip(frame, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+        speech = self.vad.is_speech(pcm, RATE)
+        self._recent.append(speech)
+        if not self.in_speech:
+            self._preroll.append(frame)
+            if speech and sum(self._recent) >= ONSET_FRAMES:
+                self.in_speech, self._silent_frames, self._first = True, 0, True
+                frames = list(self._preroll)
+                self._preroll.clear()
+                self._append(np.concatenate(frames), self._position - sum(map(len, frames)), out)
+            return
+        self._append(frame, start, out)
+        self._silent_frames = 0 if speech else self._silent_frames + 1
+        if self._silent_frames >= self.hangover:
+            self._drain(out)
+            self.in_speech = False
+            self._recent.clear()
+            out.append(EndOfSpeech(self._position / RATE))
+
+    def push(self, samples: np.ndarray, last: bool = False) -> list:
+        """Float32 audio at the session's rate -> [Chunk | EndOfSpeech]. `last`: flush the resampler."""
+        audio = self._resample(np.asarray(samples, np.float32), last=last)
+        out: list = []
+        if self.vad is None:
+            self._append(audio, self._position, out)
+            self._position += len(audio)
+            return out
+        if len(self._frame_tail):
+            audio = np.concatenate([self._frame_tail, audio])
+        whole = len(audio) - len(audio) % VAD_FRAME
+        for i in range(0, whole, VAD_FRAME):
+            self._frame(audio[i:i + VAD_FRAME], out)
+        self._frame_tail = audio[whole:]
+        return out
+
+    def flush(self, last: bool = False) -> list:
+        """Everything buffered for the engine now (finalize; `last`: the stream ends)."""
+        out = self.push(np.zeros(0, np.float32), last=True) if last else []
+        if last and len(self._frame_tail) and self.in_speech:
+            self._append(self._frame_tail, self._position, out)
+            self._position += len(self._frame_tail)
+            self._frame_tail = np.zeros(0, np.float32)
+        if self.in_speech or self.vad is None:
+            self._drain(out)
+        return out
+
+
+class TimeMap:
+    """Engine seconds -> session seconds, for an engine that only saw the speech chunks."""
+
+    def __init__(self):
+        self._engine: list[float] = []   # engine seconds where each contiguous segment starts
+        self._session: list[float] = []  # ... and the session seconds it corresponds to
+        self._engine_end = 0.0
+        self._session_end = None
+
+    def add(self, chunk: Chunk) -> None:
+        seconds = len(chunk.audio) / RATE
+        if self._session_end is None or abs(chunk.start - self._session_end) > 1e-6:
+            self._engine.append(self._engine_end)
+            self._session.append(chunk.start)
+        self._engine_end += seconds
+        self._session_end = chunk.start + seconds
+
+    def __call__(self, t: float) -> float:
+        i = bisect.bisect_right(self._engine, t) - 1
+        if i < 0:
+            return t
+        return self._session[i] + (t - self._engine[i])

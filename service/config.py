@@ -1,0 +1,124 @@
+"""`whistle-stream serve` settings: one dataclass, every field a flag and a WHISTLE_* env variable.
+
+Precedence: command-line flag > environment variable > default. The table of flags, variables and
+defaults is in docs/protocol.md ("Limits").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str | None = None                 # path to a .cact; None: default model resolution
+    max_sessions: int = 32
+    workers: int = field(default_factory=_cores)   # engine threads (kernels release the GIL)
+    token: str | None = None                 # None: no authentication
+    allowed_origins: tuple[str, ...] = ()    # empty: any Origin; requests without Origin always pass
+    max_frame_bytes: int = 1 << 20           # 1 MiB: ~16 s of 16 kHz s16le audio in one frame
+    max_session_seconds: float = 4 * 3600.0  # audio seconds one session may send
+    idle_timeout: float = 30.0               # seconds without any frame from the client
+    control_rate: float = 10.0               # control messages per second (token bucket refill)
+    control_burst: int = 20                  # ... and bucket size
+    vad_aggressiveness: int = 2              # webrtcvad 0..3; 2 keeps soft speech, drops most hum
+    end_of_speech_ms: int = 600              # trailing non-speech that ends an utterance
+    step_s: float = 1.0                      # engine step (streaming re-transcribes once per step)
+    send_queue: int = 256                    # messages queued for one client before it counts as slow
+    send_timeout: float = 10.0               # seconds one send may block before the client counts as slow
+    drain_timeout: float = 30.0              # SIGTERM: seconds to finish open sessions
+    log_level: str = "info"
+
+    def __post_init__(self):
+        checks = [
+            (0 <= self.port <= 65535, "port must be 0..65535"),
+            (self.max_sessions >= 1, "max_sessions must be at least 1"),
+            (self.workers >= 1, "workers must be at least 1"),
+            (self.max_frame_bytes >= 1024, "max_frame_bytes must be at least 1024"),
+            (self.max_session_seconds > 0, "max_session_seconds must be positive"),
+            (self.idle_timeout > 0, "idle_timeout must be positive"),
+            (self.control_rate > 0 and self.control_burst >= 1, "control_rate/control_burst must be positive"),
+            (0 <= self.vad_aggressiveness <= 3, "vad_aggressiveness must be 0..3"),
+            (self.end_of_speech_ms >= 30, "end_of_speech_ms must be at least 30 (one VAD frame)"),
+            (0.1 <= self.step_s <= 30, "step_s must be 0.1..30 seconds"),
+            (self.send_queue >= 1 and self.send_timeout > 0, "send_queue/send_timeout must be positive"),
+            (self.drain_timeout >= 0, "drain_timeout must be non-negative"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"invalid service setting: {message}")
+
+
+_HELP = {
+    "host": "interface to listen on",
+    "port": "TCP port (0: any free port)",
+    "model": "model file (.cact); default: WHISTLE_MODEL, cached full model, bundled demo",
+    "max_sessions": "concurrent sessions; more are refused with close code 1013",
+    "workers": "engine worker threads (default: the cores available)",
+    "token": "require this token (Authorization: Bearer or ?token=)",
+    "allowed_origins": "comma-separated allowed Origin headers (default: any)",
+    "max_frame_bytes": "largest binary frame; larger ones close the session with 1009",
+    "max_session_seconds": "audio seconds per session before it is ended",
+    "idle_timeout": "seconds without a frame before a session is ended",
+    "control_rate": "control messages per second per session",
+    "control_burst": "control message burst per session",
+    "vad_aggressiveness": "webrtcvad aggressiveness 0..3",
+    "end_of_speech_ms": "silence after speech that finalizes the utterance",
+    "step_s": "engine step in seconds",
+    "send_queue": "messages queued per client before it is disconnected as slow",
+    "send_timeout": "seconds a send may block before the client is disconnected as slow",
+    "drain_timeout": "seconds SIGTERM waits for open sessions to finish",
+    "log_level": "debug, info, warning or error",
+}
+
+
+def env_name(name: str) -> str:
+    return "WHISTLE_" + name.upper()
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add every ServiceConfig field as --flag (default from WHISTLE_FLAG). Returns the parser."""
+    defaults = ServiceConfig()
+    for f in fields(ServiceConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        if isinstance(default, tuple):
+            default = ",".join(default)
+        parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
+                            help=f"{_HELP[f.name]} [env {env_name(f.name)}, default {default}]")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace | None = None, environ=None) -> ServiceConfig:
+    """Flags (strings or None) > WHISTLE_* environment > defaults -> a checked ServiceConfig."""
+    environ = os.environ if environ is None else environ
+    defaults = ServiceConfig()
+    values = {}
+    for f in fields(ServiceConfig):
+        raw = getattr(args, f.name, None) if args is not None else None
+        if raw is None:
+            raw = environ.get(env_name(f.name))
+        if raw is None or raw == "" and f.name not in ("token", "model"):
+            continue
+        kind = type(getattr(defaults, f.name))
+        try:
+            if f.name in ("token", "model"):
+                values[f.name] = raw or None
+            elif kind is tuple:
+                values[f.name] = tuple(o.strip() for o in str(raw).split(",") if o.strip())
+            elif kind is bool:
+                values[f.name] = str(raw).lower() in ("1", "true", "yes", "on")
+            else:
+                values[f.name] = kind(raw)
+        except ValueError as e:
+            raise ValueError(f"invalid value {raw!r} for --{f.name.replace('_', '-')} / "
+                             f"{env_name(f.name)}: expected {kind.__name__}") from e
+    return ServiceConfig(**values)

@@ -1,0 +1,633 @@
+"""The live transcription service: WebSocket sessions on one shared model, plus HTTP operations.
+
+    app = build_app(model=Whistle(path), config=ServiceConfig(port=0))
+    async with app:                      # binds, warms the JIT, then /readyz says 200
+        print(app.url)                   # ws://127.0.0.1:PORT
+        await app.wait_closed()          # until app.drain() (SIGTERM) has finished the sessions
+
+or `serve(model=..., config=...)` / `main(argv)`, which also install the SIGTERM/SIGINT drain.
+The event loop only moves bytes: every engine call runs on a bounded thread pool, one call in
+flight per session, and the protocol logic lives in `service.protocol` (Sans-I/O).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import http
+import json
+import logging
+import signal
+import sys
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from websockets.asyncio.server import ServerConnection, serve as ws_serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from . import protocol as P
+from .audio import AudioPath, Chunk, EndOfSpeech, TimeMap
+from .config import ServiceConfig, add_serve_arguments, config_from_args
+
+log = logging.getLogger("whistle.service")
+LISTEN_PATH = "/v1/listen"
+WEB_ROOT = Path(__file__).resolve().parent.parent / "clients" / "web"
+STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
+          "/index.html": ("index.html", "text/html; charset=utf-8"),
+          "/captions.js": ("captions.js", "text/javascript; charset=utf-8")}
+
+
+def log_event(event: str, level: int = logging.INFO, **fields) -> None:
+    """One structured log line: {"ts", "level", "event", **fields} (see JsonFormatter)."""
+    log.log(level, event, extra={"fields": fields})
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname.lower(),
+               "event": record.getMessage()}
+        out.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class Metrics:
+    """The /metrics families, in a registry of their own (one per app)."""
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.sessions_open = Gauge("whistle_sessions_open", "Open WebSocket sessions", registry=r)
+        self.passes = Counter("whistle_passes", "Engine streaming passes", registry=r)
+        self.pass_seconds = Histogram(
+            "whistle_pass_seconds", "Wall time of one engine pass", registry=r,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0))
+        self.audio_seconds = Counter("whistle_audio_seconds", "Audio received, seconds", registry=r)
+        self.commit_latency = Histogram(
+            "whistle_commit_latency_seconds",
+            "From receiving a word's last audio to sending it committed", registry=r,
+            buckets=(0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0))
+        self.rejects = Counter("whistle_rejects", "Refused requests and errors sent, by reason",
+                               ["reason"], registry=r)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _response(status: int, body: bytes | str, content_type: str = "text/plain; charset=utf-8") -> Response:
+    body = body.encode() if isinstance(body, str) else body
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
+                       ("Cache-Control", "no-store"), ("Connection", "close")])
+    return Response(status, http.HTTPStatus(status).phrase, headers, body)
+
+
+def _bearer(request: Request) -> str | None:
+    value = request.headers.get("Authorization", "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _engine_gate(model):
+    """The engine's §8 silence gate as `gate(float32 16 kHz) -> bool`, or None if unavailable.
+
+    Prefers `model.is_speech`; else `whistle_stream.frontend.is_speech` with the model's mel
+    filterbank (`model.mel`) and its dims.
+    """
+    own = getattr(model, "is_speech", None)
+    if callable(own):
+        return own
+    mel, dims = getattr(model, "mel", None), model.dims
+    if mel is None or not all(hasattr(dims, k) for k in ("rate", "hop", "win")):
+        return None
+    try:
+        from whistle_stream.frontend import is_speech
+    except ImportError:
+        return None
+    return partial(is_speech, mel=mel, rate=dims.rate, hop=dims.hop, win=dims.win)
+
+
+def _warm_signal(rate: int = 16000) -> np.ndarray:
+    """1.5 s: silence then a noisy 220 Hz tone, loud enough to pass the §8 silence gate."""
+    t = np.arange(int(1.5 * rate)) / rate
+    rng = np.random.default_rng(0)
+    tone = 0.2 * np.sin(2 * np.pi * 220 * t) + 0.02 * rng.standard_normal(len(t))
+    tone[: rate // 2] = 0.0
+    return tone.astype(np.float32)
+
+
+class App:
+    """The service: model, worker pool, metrics, sessions and the WebSocket server."""
+
+    def __init__(self, model=None, config: ServiceConfig | None = None):
+        self.config = config or ServiceConfig()
+        self.model = model
+        self.metrics = Metrics()
+        self.pool = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="engine")
+        self.sessions: set[SessionRunner] = set()
+        self.ready = False
+        self.draining = False
+        self.server = None
+        self.port: int | None = None
+        self.gate = None
+        self._static = {path: (WEB_ROOT / name, kind) for path, (name, kind) in STATIC.items()}
+        self._closed = asyncio.Event()
+
+    # -- engine ------------------------------------------------------------------------------
+    async def engine(self, fn, *args):
+        """Run a CPU-heavy engine call on the worker pool, never on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, partial(fn, *args))
+
+    def _load_and_warm(self) -> float:
+        t0 = time.perf_counter()
+        if self.model is None:
+            from whistle_stream import Whistle
+            self.model = Whistle(self.config.model)
+        self.gate = _engine_gate(self.model)
+        stream = self.model.open_stream(step_s=self.config.step_s)
+        signal_ = _warm_signal(self.model.dims.rate)
+        if self.gate is not None:
+            self.gate(signal_)
+        stream.feed(signal_)
+        stream.finish()
+        return time.perf_counter() - t0
+
+    async def warm(self) -> None:
+        """Load the model if none was given and run one short pass so the JIT is compiled."""
+        seconds = await self.engine(self._load_and_warm)
+        self.ready = True
+        log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
+                  workers=self.config.workers, languages=list(self.model.dims.languages))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"ws://{self.config.host}:{self.port}"
+
+    async def start(self, warm: bool = True) -> "App":
+        c = self.config
+        self.server = await ws_serve(
+            self._handle, c.host, c.port, process_request=self._route, max_size=c.max_frame_bytes,
+            max_queue=16, write_limit=2 ** 16, ping_interval=20, ping_timeout=20, close_timeout=5,
+            server_header="whistle-stream", logger=logging.getLogger("whistle.websockets"))
+        self.port = self.server.sockets[0].getsockname()[1]
+        log_event("listening", host=c.host, port=self.port, max_sessions=c.max_sessions)
+        if warm:
+            await self.warm()
+        return self
+
+    async def drain(self) -> None:
+        """Stop accepting, finish every open session (committed text, final, close 1001)."""
+        if self.draining:
+            return
+        self.draining = True
+        open_ = list(self.sessions)
+        log_event("draining", sessions=len(open_))
+        if self.server is not None:
+            self.server.server.close()  # the listening socket only; sessions keep running
+        for runner in open_:
+            runner.interrupt("shutdown", P.CloseCode.GOING_AWAY)
+        tasks = [r.task for r in open_ if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.config.drain_timeout)
+        await self.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close(close_connections=True)
+            await self.server.wait_closed()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        log_event("closed")
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def __aenter__(self) -> "App":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        if not self._closed.is_set():
+            await self.drain()
+
+    # -- HTTP --------------------------------------------------------------------------------
+    def _route(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.partition("?")[0]
+        if path == LISTEN_PATH:
+            origin = request.headers.get("Origin")
+            allowed = self.config.allowed_origins
+            if origin is not None and allowed and origin not in allowed:
+                self.metrics.rejects.labels("origin").inc()
+                log_event("rejected", level=logging.WARNING, reason="origin", origin=origin[:100])
+                return _response(403, f"Origin {origin[:100]!r} is not allowed\n")
+            if self.draining:
+                self.metrics.rejects.labels("draining").inc()
+                return _response(503, "shutting down\n")
+            if not self.ready:
+                self.metrics.rejects.labels("not_ready").inc()
+                return _response(503, "model loading\n")
+            return None
+        if path == "/healthz":
+            return _response(200, "ok\n")
+        if path == "/readyz":
+            ok = self.ready and not self.draining
+            return _response(200 if ok else 503, "ready\n" if ok else "not ready\n")
+        if path == "/metrics":
+            return _response(200, self.metrics.text(), CONTENT_TYPE_LATEST)
+        if path in self._static:
+            file, kind = self._static[path]
+            try:
+                return _response(200, file.read_bytes(), kind)
+            except OSError:
+                return _response(404, "not found\n")
+        return _response(404, "not found\n")
+
+    # -- WebSocket ---------------------------------------------------------------------------
+    async def _refuse(self, conn: ServerConnection, code: P.ErrorCode, message: str) -> None:
+        self.metrics.rejects.labels(code.value).inc()
+        log_event("rejected", level=logging.WARNING, reason=code.value, detail=message)
+        try:
+            await conn.send(P.encode(P.Error(code, message)))
+            await conn.close(P.FATAL_ERRORS[code], code.value)
+        except ConnectionClosed:
+            pass
+
+    async def _handle(self, conn: ServerConnection) -> None:
+        request = conn.request
+        query = request.path.partition("?")[2]
+        if self.config.token is not None:
+            given = _bearer(request)
+            if given is None:
+                try:
+                    given = P.parse_query(query).token
+                except P.ProtocolError:
+                    given = None
+            if given is None or not hmac.compare_digest(given.encode(), self.config.token.encode()):
+                await self._refuse(conn, P.ErrorCode.UNAUTHORIZED, "missing or wrong token; send "
+                                   "'Authorization: Bearer <token>' or ?token=<token>")
+                return
+        if len(self.sessions) >= self.config.max_sessions:
+            await self._refuse(conn, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
+                               f"{self.config.max_sessions} sessions; retry later")
+            return
+        try:
+            session_config = P.parse_query(query, self.model.dims.languages)
+        except P.ProtocolError as e:
+            await self._refuse(conn, e.code, e.message)
+            return
+        runner = SessionRunner(self, conn, session_config)
+        self.sessions.add(runner)
+        self.metrics.sessions_open.inc()
+        try:
+            await runner.run()
+        finally:
+            self.sessions.discard(runner)
+            self.metrics.sessions_open.dec()
+
+
+class TokenBucket:
+    def __init__(self, rate: float, burst: int):
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class SessionRunner:
+    """One WebSocket session: a receive loop, an engine worker and a sender, on the event loop.
+
+    receive: frames -> protocol checks -> AudioPath -> engine ops queue
+    worker:  engine ops, one executor call at a time -> Session -> outgoing queue
+    sender:  outgoing queue -> socket (bounded; a client that does not read is disconnected)
+    """
+
+    def __init__(self, app: App, conn: ServerConnection, config: P.SessionConfig):
+        self.app, self.conn, self.config = app, conn, config
+        self.id = uuid.uuid4().hex[:12]
+        model = app.model
+        self.session = P.Session(self.id, config, getattr(model, "name", "whistle"), model.dims.languages)
+        c = app.config
+        self.audio = AudioPath(config.sample_rate, step_s=c.step_s, vad=config.vad,
+                               aggressiveness=c.vad_aggressiveness, end_of_speech_ms=c.end_of_speech_ms)
+        self.gate = app.gate if config.vad else None
+        self.time_map = TimeMap()
+        self.bucket = TokenBucket(c.control_rate, c.control_burst)
+        self.stream = None
+        self.task = asyncio.current_task()
+        self._ops: deque = deque()
+        self._wake = asyncio.Event()
+        self._outgoing: asyncio.Queue = asyncio.Queue(maxsize=c.send_queue)
+        self._interrupt = asyncio.get_running_loop().create_future()
+        self._arrivals: deque = deque()  # (session seconds received so far, monotonic time)
+        self._utterance_fed = False
+        self._slow = False
+
+    # -- control -----------------------------------------------------------------------------
+    def interrupt(self, reason: str, close_code: int, error: P.Error | None = None) -> None:
+        """End the session from outside the receive loop (shutdown, engine failure, slow client)."""
+        if not self._interrupt.done():
+            self._interrupt.set_result((reason, close_code, error))
+
+    def _log(self, event: str, level: int = logging.INFO, **fields) -> None:
+        log_event(event, level, session=self.id, **fields)
+
+    def _emit(self, messages) -> None:
+        for m in messages:
+            try:
+                self._outgoing.put_nowait(P.encode(m))
+            except asyncio.QueueFull:
+                self._disconnect_slow("send queue full")
+                return
+
+    def _disconnect_slow(self, why: str) -> None:
+        if self._slow:
+            return
+        self._slow = True
+        self.app.metrics.rejects.labels(P.ErrorCode.SLOW_CLIENT.value).inc()
+        self._log("slow_client", logging.WARNING, detail=why)
+        self.interrupt("slow_client", P.CloseCode.POLICY)
+        transport = self.conn.transport
+        if transport is not None:
+            transport.abort()
+
+    # -- tasks -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        c = self.config
+        try:
+            self.stream = await self.app.engine(
+                partial(self.app.model.open_stream, language=c.language,
+                        keywords=list(c.keywords) or None, step_s=self.app.config.step_s))
+        except Exception:
+            self._log("open_failed", logging.ERROR, exc_info=True)
+            await self.app._refuse(self.conn, P.ErrorCode.INTERNAL, "the engine could not open a stream")
+            return
+        self._log("session_open", sample_rate=c.sample_rate, encoding=c.encoding, vad=c.vad,
+                  language=c.language, keywords=len(c.keywords))
+        sender = asyncio.create_task(self._send_loop())
+        self._emit([self.session.ready()])
+        worker = asyncio.create_task(self._work_loop())
+        try:
+            reason, close_code, error = await self._receive_loop()
+            await self._end(reason, close_code, error, worker, sender)
+        finally:
+            for t in (worker, sender):
+                t.cancel()
+            self._log("session_closed", audio_seconds=round(self.session.audio_seconds, 3),
+                      passes=self.session.passes, committed=self.session.seq)
+
+    async def _receive_loop(self):
+        """Read frames until the session should end; returns (reason, close code, error message)."""
+        idle = self.app.config.idle_timeout
+        while True:
+            recv = asyncio.ensure_future(self.conn.recv())
+            done, _ = await asyncio.wait({recv, self._interrupt}, timeout=idle,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if recv not in done:
+                recv.cancel()
+                if self._interrupt.done():
+                    return self._interrupt.result()
+                self.app.metrics.rejects.labels(P.ErrorCode.IDLE_TIMEOUT.value).inc()
+                return ("idle_timeout", P.CloseCode.POLICY,
+                        P.Error(P.ErrorCode.IDLE_TIMEOUT, f"no frame for {idle:g} s"))
+            try:
+                frame = recv.result()
+            except ConnectionClosed:
+                return ("disconnected", None, None)
+            try:
+                if isinstance(frame, bytes):
+                    self._on_audio(frame)
+                elif self._on_text(frame):
+                    return ("close", P.CloseCode.NORMAL, None)
+            except P.ProtocolError as e:
+                self.app.metrics.rejects.labels(e.code.value).inc()
+                self._log("protocol_error", logging.WARNING, code=e.code.value, detail=e.message)
+                error = P.Error(e.code, e.message)
+                if e.fatal:
+                    return (e.code.value, e.close_code, error)
+                self._emit([error])
+
+    def _on_audio(self, data: bytes) -> None:
+        samples = P.decode_audio(data, self.config.encoding)
+        self.session.check(P.Audio(data))
+        seconds = self.session.audio_seconds
+        self.app.metrics.audio_seconds.inc(len(samples) / self.config.sample_rate)
+        self._arrivals.append((seconds, time.monotonic()))
+        limit = self.app.config.max_session_seconds
+        if seconds > limit:
+            raise P.ProtocolError(P.ErrorCode.SESSION_LIMIT, f"this session reached its limit of "
+                                  f"{limit:g} audio seconds")
+        self._queue(self.audio.push(samples))
+
+    def _on_text(self, text: str) -> bool:
+        """Handle one control message; True when the client asked to close."""
+        if not self.bucket.take():
+            raise P.ProtocolError(P.ErrorCode.RATE_LIMITED, f"more than {self.app.config.control_rate:g} "
+                                  "control messages per second")
+        message = self.session.check(P.decode_text(text))
+        if isinstance(message, P.Finalize):
+            self._queue(self.audio.flush())
+            self._op(("finalize",))
+        elif isinstance(message, P.Configure):
+            self._op(("configure", list(message.keywords)))
+        return isinstance(message, P.Close)
+
+    def _queue(self, events) -> None:
+        for event in events:
+            self._op(("audio", event) if isinstance(event, Chunk) else ("eos", event))
+
+    def _op(self, op) -> None:
+        self._ops.append(op)
+        self._wake.set()
+
+    async def _end(self, reason, close_code, error, worker, sender) -> None:
+        self.session.closing()
+        if reason in ("disconnected", "slow_client"):
+            return
+        if error is not None:
+            self._emit([error])
+        if not worker.done():
+            self._queue(self.audio.flush(last=True))
+            self._op(("finish", reason))
+            try:
+                await worker
+            except Exception:
+                pass
+        if worker.done() and not worker.cancelled() and worker.exception() is not None:
+            if reason != P.ErrorCode.INTERNAL.value:
+                self._emit([P.Error(P.ErrorCode.INTERNAL, "the engine failed on this session")])
+            close_code = P.CloseCode.INTERNAL
+        try:
+            self._outgoing.put_nowait(None)  # the sender stops after what is queued
+            await asyncio.wait_for(sender, self.app.config.send_timeout)
+        except (asyncio.QueueFull, asyncio.TimeoutError):
+            pass
+        try:
+            await self.conn.close(close_code, reason[:60])
+        except ConnectionClosed:
+            pass
+
+    async def _send_loop(self) -> None:
+        timeout = self.app.config.send_timeout
+        while True:
+            text = await self._outgoing.get()
+            if text is None:
+                return
+            try:
+                await asyncio.wait_for(self.conn.send(text), timeout)
+            except asyncio.TimeoutError:
+                self._disconnect_slow(f"a send blocked for {timeout:g} s")
+                return
+            except ConnectionClosed:
+                return
+
+    async def _work_loop(self) -> None:
+        """Engine ops in order, one executor call at a time for this session."""
+        try:
+            while True:
+                while not self._ops:
+                    self._wake.clear()
+                    await self._wake.wait()
+                op = self._ops.popleft()
+                if op[0] == "audio":
+                    chunks = [op[1]]
+                    while self._ops and self._ops[0][0] == "audio":  # catch up on a backlog in one call
+                        chunks.append(self._ops.popleft()[1])
+                    await self._feed(chunks)
+                elif op[0] == "eos":
+                    if self._utterance_fed:
+                        self._utterance_fed = False
+                        await self._call(self.stream.finalize, end_of_speech=True)
+                elif op[0] == "finalize":
+                    self._publish(await self.app.engine(self.stream.finalize), final="finalize")
+                elif op[0] == "configure":
+                    await self.app.engine(partial(self.stream.configure, keywords=op[1]))
+                elif op[0] == "finish":
+                    self._publish(await self.app.engine(self.stream.finish), final=op[1])
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._log("engine_error", logging.ERROR, exc_info=True)
+            self.app.metrics.rejects.labels(P.ErrorCode.INTERNAL.value).inc()
+            self.interrupt(P.ErrorCode.INTERNAL.value, P.CloseCode.INTERNAL,
+                           P.Error(P.ErrorCode.INTERNAL, "the engine failed on this session"))
+            raise e
+
+    async def _feed(self, chunks: list[Chunk]) -> None:
+        gate = self.gate if not self._utterance_fed else None
+        if gate is not None:
+            speech = [c for c in chunks if await self.app.engine(gate, c.audio)]
+            if not speech:
+                return   # §8: the engine's gate says silence or steady noise; no pass
+            chunks = chunks[chunks.index(speech[0]):]
+        for c in chunks:
+            self.time_map.add(c)
+        self._utterance_fed = True
+        audio = chunks[0].audio if len(chunks) == 1 else np.concatenate([c.audio for c in chunks])
+        await self._call(self.stream.feed, audio)
+
+    async def _call(self, fn, *args, end_of_speech: bool = False) -> None:
+        d = await self.app.engine(fn, *args)
+        self._publish(d, end_of_speech=end_of_speech)
+
+    def _publish(self, d: dict, *, end_of_speech: bool = False, final: str | None = None) -> None:
+        d = dict(d)
+        m = self.app.metrics
+        passes = max(0, int(d.get("revision", 0)) - self.session.revision)
+        if passes:
+            m.passes.inc(passes)
+            for _ in range(passes):
+                m.pass_seconds.observe(float(d.get("pass_ms", 0.0)) / 1000 / passes)
+        d["words"] = [dict(w, start=self.time_map(w["start"]), end=self.time_map(w["end"]))
+                      for w in d.get("words", ())]
+        now = time.monotonic()
+        for w in d["words"]:
+            arrived = self._arrived(w["end"])
+            if arrived is not None:
+                m.commit_latency.observe(max(0.0, now - arrived))
+        if final is None:
+            self._emit(self.session.results(d, end_of_speech=end_of_speech))
+        else:
+            self._emit(self.session.final(d, final))
+
+    def _arrived(self, t: float) -> float | None:
+        """Monotonic time the server had received session second `t` (None: not known)."""
+        while len(self._arrivals) > 1 and self._arrivals[1][0] < t - 5.0:
+            self._arrivals.popleft()   # keep a few seconds before the oldest word still to commit
+        for seconds, at in self._arrivals:
+            if seconds >= t:
+                return at
+        return self._arrivals[-1][1] if self._arrivals else None
+
+
+def build_app(model=None, config: ServiceConfig | None = None) -> App:
+    """An App around `model` (None: load the configured model at start). Not started yet."""
+    return App(model=model, config=config)
+
+
+async def serve(model=None, config: ServiceConfig | None = None) -> None:
+    """Run the service until SIGTERM/SIGINT, then drain and return."""
+    app = build_app(model, config)
+    loop = asyncio.get_running_loop()
+    await app.start(warm=False)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, lambda s=sig: (log_event("signal", signal=s.name),
+                                                        asyncio.ensure_future(app.drain())))
+        except (NotImplementedError, RuntimeError):
+            pass
+    await app.warm()
+    await app.wait_closed()
+
+
+def setup_logging(level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("whistle")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def main(argv=None, *, model=None) -> int:
+    """`whistle-stream serve ...`: parse flags (+ WHISTLE_* env), serve until SIGTERM, exit 0."""
+    parser = add_serve_arguments(argparse.ArgumentParser(
+        prog="whistle-stream serve", description="Serve live transcription over WebSockets."))
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    setup_logging(config.log_level)
+    try:
+        import uvloop
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    try:
+        run(serve(model=model, config=config))
+    except OSError as e:
+        log_event("startup_failed", logging.ERROR, detail=str(e))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

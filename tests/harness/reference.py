@@ -1,0 +1,688 @@
+"""The JAX reference every parity test of the engine is pinned against.
+
+`build_model(shape, seed)` makes a random but *perturbed* Whistle of a named shape (every
+parameter moved off its initial value, so zero-initialised gates, norms and biases cannot hide a
+path), quantises it exactly as guide §1 does, and packs it into a .cact at the shipped widths
+(guide §2). `ref_embed`, `ref_logits`, `ref_greedy` and `ref_beam` run the quantised reference
+(CQ weights, int8 activations and KV) the way the engine is specified to run it.
+
+Built models are cached under tests/.cache/models/ (params as a flat .npz, the .cact and the
+tokenizer), keyed by shape, seed and `VERSION`; bump `VERSION` whenever anything that changes a
+built model changes.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+import sentencepiece as spm
+from needle.model import export as _export
+from needle.model.architecture import ladder_config, ladder_slice
+from needle.model.quantize import (
+    _cq_codebook_np, _cq_hadamard_np, _is_quant_leaf, _reduces_second_last, configure_deploy, cq_quantize,
+    leaf_name,
+)
+from needle.model.whistle import LANGUAGES, Whistle, WhistleConfig
+
+from .corpus import CORPUS
+
+VERSION = "h1"
+CACHE = Path(__file__).resolve().parent.parent / ".cache"
+SAMPLE_RATE = 16000
+
+# Guide §6 search constants.
+BEAMS = 5
+PROPOSALS = 6        # each live beam proposes its 6 best text tokens
+LOOP_UNIT = 8        # a loop is a unit of 1..8 tokens ...
+LOOP_REPEATS = 4     # ... repeated 4 times at the end
+
+# ---------------------------------------------------------------------------------------------
+# Shapes
+
+TOKENIZER_PIECES = 512  # text vocabulary of the test tokenizer: 4 specials + 256 bytes + 252 learned
+
+SHAPES: dict[str, dict] = {
+    # Fast: every path present, smallest sizes.
+    "tiny": dict(dim=128, v_dim=64, qk_dim=32, kv_heads=1, enc_layers=2, dec_layers=2, sites=(1,),
+                 orders=(2, 3), slots=512, stem=32, conv_kernel=9, languages=("en", "de")),
+    # Odd counts everywhere a constant could hide: 3 encoder / 4 decoder layers, two engram sites,
+    # 3 encoder lanes and 2 decoder lanes, 2 QKV taps, a 7-wide encoder conv, a 128-position cap.
+    "odd": dict(dim=256, v_dim=64, qk_dim=48, kv_heads=2, enc_layers=3, dec_layers=4, sites=(1, 3),
+                orders=(2, 3), slots=1024, stem=64, conv_kernel=7, lanes=2, enc_lanes=3, taps=2,
+                max_tokens=128, languages=LANGUAGES),
+    # The shipped architecture (WhistleConfig defaults) with the small test vocabulary.
+    "full": dict(languages=LANGUAGES),
+}
+
+
+def shape_config(shape: str) -> WhistleConfig:
+    """The float32 WhistleConfig of a named shape, text vocabulary = the test tokenizer's."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known shapes: {sorted(SHAPES)}")
+    return WhistleConfig(**{**SHAPES[shape], "text": TOKENIZER_PIECES, "dtype": "float32"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache plumbing
+
+
+@contextlib.contextmanager
+def _locked(name: str):
+    """An exclusive inter-process lock, so concurrent test sessions build each entry once."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Call write(tmp_path) then rename into place, so readers never see a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _flatten(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if hasattr(value, "items"):
+            out.update(_flatten(value, name))
+        else:
+            out[name] = np.asarray(value)
+    return out
+
+
+def _unflatten(flat):
+    tree: dict = {}
+    for name, value in flat.items():
+        node = tree
+        *parents, last = name.split("/")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return tree
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def _corpus_lines():
+    return [line for text in CORPUS.values() for line in text.splitlines() if line.strip()]
+
+
+def tokenizer_path() -> Path:
+    """Train (once, cached) the test sentencepiece BPE and return its .model path.
+
+    pad 0, eos 1, bos 2, unk 3 as the shipped tokenizer has them; byte fallback on, full character
+    coverage, so every string encodes without <unk>.
+    """
+    digest = hashlib.sha1("\n".join(_corpus_lines()).encode()).hexdigest()[:10]
+    path = CACHE / f"tokenizer-{TOKENIZER_PIECES}-{digest}.model"
+    if path.exists():
+        return path
+    with _locked("tokenizer"):
+        if path.exists():
+            return path
+        import io
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(_corpus_lines()), model_writer=model, model_type="bpe",
+            vocab_size=TOKENIZER_PIECES, byte_fallback=True, character_coverage=1.0,
+            pad_id=0, eos_id=1, bos_id=2, unk_id=3, num_threads=1, minloglevel=2,
+            hard_vocab_limit=True)
+        _atomic_write(path, lambda tmp: Path(tmp).write_bytes(model.getvalue()))
+    return path
+
+
+def tokenizer_blob(model_path: Path | str, languages) -> bytes:
+    """The RAW tokenizer record the .cact carries: our BPE plus one <|xx|> piece per language."""
+    from sentencepiece import sentencepiece_model_pb2
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(model_path).read_bytes())
+    return _export.whistle_tokenizer_blob(proto, tuple(languages))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters: init, perturbation, quantisation (guide §1)
+
+
+def _init_params(cfg: WhistleConfig, seed: int) -> dict:
+    wav = jnp.zeros((1, SAMPLE_RATE), jnp.float32)
+    lengths = jnp.array([SAMPLE_RATE], jnp.int32)
+    tokens = jnp.array([[cfg.bos, cfg.text, 5, 6]], jnp.int32)
+    variables = jax.jit(Whistle(cfg).init)(jax.random.PRNGKey(seed), wav, lengths, tokens)
+    return _flatten(variables["params"])
+
+
+# Per-leaf perturbation. Each rule moves a parameter well away from its initialiser (zeros,
+# ones, identity, constants) while keeping every activation O(1): the goal is that any path the
+# engine drops or gets wrong changes the outputs visibly.
+_GATES = ("attn_gate", "cross_gate", "pe_gate")
+_HADAMARD_FACTORS = ("w1a", "w1b", "w2a", "w2b", "w3a", "w3b")
+# Random-initialised matrices whose default scale leaves their path too faint to test (their
+# contribution would be ~1e-3 of the residual), as multipliers on the initial values.
+_GAIN = {
+    "embedding/embedding": 4.0,     # std 0.08: logits std ~1-2, clear argmax margins
+    "stem/w": 25.0,                 # stem activations O(1) rather than O(1e-3)
+    "stem/dw_1": 12.0, "stem/dw_2": 12.0, "stem/dw_3": 12.0,
+    "stem/pw_1/kernel": 4.0, "stem/pw_2/kernel": 4.0, "stem/pw_3/kernel": 4.0,
+    "stem/out/kernel": 1.5,
+}
+
+
+def _perturb(flat: dict, seed: int) -> dict:
+    out = {}
+    for name in sorted(flat):
+        value = np.asarray(flat[name], np.float32)
+        # One stream per leaf, from the seed and the leaf name: adding a leaf moves no other.
+        rng = np.random.default_rng([seed, int.from_bytes(hashlib.sha1(name.encode()).digest()[:4], "little")])
+        noise = rng.standard_normal(value.shape).astype(np.float32)
+        key = name.rsplit("/", 1)[-1]
+        if key in _GATES:
+            sign = np.where(rng.random(value.shape) < 0.5, -1.0, 1.0)
+            value = (sign * rng.uniform(0.5, 2.0, value.shape)).astype(np.float32)
+        elif key == "scale":                              # ZCRMSNorm: (1 + scale)
+            value = value + 0.25 * noise
+        elif key.startswith("mhc_a_"):                    # init 0.01: make the lane maps matter
+            value = rng.uniform(0.2, 0.8, value.shape).astype(np.float32)
+        elif key.startswith("mhc_b_"):                    # zeros / 4*identity
+            value = value + 0.5 * noise
+        elif key in ("q_taps", "k_taps", "v_taps", "taps"):   # identity taps [1, 0, ...]
+            value = value + 0.25 * noise
+        elif key in ("d1", "d2", "d3", "b2"):             # ones / zeros
+            value = value + 0.25 * noise
+        elif key == "d4":                                 # 0.02: the MLP's output scale
+            value = value + 0.1 * noise
+        elif key in _HADAMARD_FACTORS:                    # Walsh blocks, entries 1/sqrt(size)
+            value = value + 0.3 / math.sqrt(value.shape[-1]) * noise
+        elif key == "cond_v":
+            value = value + 0.05 * noise
+        elif key == "cond_u":                             # zeros
+            value = value + 0.3 * noise
+        elif name.startswith("engrams_") and key == "embedding":
+            value = value * 10.0 * (1 + 0.2 * noise)      # engram path O(1) rather than O(1e-3)
+        elif name.startswith("engrams_") and name.endswith("value_proj/kernel"):
+            value = value * 5.0 * (1 + 0.2 * noise)
+        else:                                             # random matrices, stem kernels, embedding
+            value = value * _GAIN.get(name, 1.0) * (1 + 0.2 * noise)
+        out[name] = value.astype(np.float32)
+    return out
+
+
+def quantise_params(params: dict) -> dict:
+    """Guide §1: CQ4 for embedding/embedding and mhc_phi*, CQ2 for every other quant leaf, with the
+    reduction axis moved last for kernels and lane maps. Float32 in, float32 (dequantised) out."""
+    def quantise(path, leaf):
+        if not _is_quant_leaf(path, leaf):
+            return leaf
+        name = leaf_name(path)
+        bits = 4 if name == "embedding/embedding" or "mhc_phi" in name else 2
+        if _reduces_second_last(path):
+            return jnp.swapaxes(cq_quantize(jnp.swapaxes(leaf, -1, -2), bits), -1, -2)
+        return cq_quantize(leaf, bits)
+
+    tree = jax.tree_util.tree_map_with_path(quantise, jax.tree.map(jnp.asarray, params))
+    return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)
+
+
+# ---------------------------------------------------------------------------------------------
+# Export at the shipped widths (guide §2)
+
+
+def shipped_bits(name: str) -> int:
+    """The CQ width whistle.cact stores a matrix record at: 4 for the embedding and the six
+    mhc_phi lane maps, 2 for every other matrix (guide §2)."""
+    return 4 if name == "embedding" or "mhc_phi" in name else 2
+
+
+def _cq_pack_any_width(w: np.ndarray, bits: int, group: int):
+    """export._cq_pack without its 4-bit-only guard: rotate each group of `group` inputs by the
+    normalised Walsh-Hadamard matrix, split it into an L2 norm (stored FP16) and a unit vector,
+    and store the nearest codebook level of each unit coordinate, LSB-first packed."""
+    rows, cols = w.shape
+    padded = np.pad(w, ((0, 0), (0, -cols % group)))
+    rotated = padded.reshape(rows, -1, group) @ _cq_hadamard_np(group)         # (rows, groups, group)
+    norm = np.sqrt((rotated ** 2).sum(-1, keepdims=True))
+    levels = _export._nearest_idx(rotated / np.maximum(norm, 1e-12), _cq_codebook_np(bits, group))
+    return _export._pack_lsb(levels.reshape(rows, -1), bits), norm[..., 0].astype(np.float16)
+
+
+@contextlib.contextmanager
+def _shipped_widths():
+    original_pack, original_q = _export._cq_pack, _export._q
+
+    def q(name, mat, bits, group):
+        return original_q(name, mat, shipped_bits(name), group)
+
+    _export._cq_pack, _export._q = _cq_pack_any_width, q
+    try:
+        yield
+    finally:
+        _export._cq_pack, _export._q = original_pack, original_q
+
+
+def write_cact(params: dict, cfg: WhistleConfig, path: Path, tokenizer: bytes) -> dict:
+    """Pack float32 master params into a .cact at the shipped widths; returns write_export's info."""
+    with _shipped_widths():
+        return _export.write_export(_unflatten(params), cfg.needle(), str(path), tokenizer=tokenizer, audio=cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+@dataclass(eq=False)
+class RefModel:
+    """A built reference model. `params`/`qparams` are nested dicts of float32 numpy arrays."""
+    shape: str
+    seed: int
+    cfg: WhistleConfig
+    params: dict
+    qparams: dict
+    path: Path
+    tokenizer_model: Path
+    sp: spm.SentencePieceProcessor = field(repr=False)
+    depth: int | None = None          # decoder ladder depth, None for the full stack
+
+    @property
+    def key(self) -> str:
+        return _model_key(self.shape, self.seed, self.depth)
+
+    @property
+    def first_tag(self) -> int:
+        return self.cfg.text
+
+    def language_id(self, code: str) -> int:
+        if code not in self.cfg.languages:
+            raise ValueError(f"language {code!r} is not one of this model's {self.cfg.languages}")
+        return self.cfg.tag(code)
+
+
+def _model_key(shape, seed, depth=None):
+    return f"{shape}-s{seed}" + (f"-d{depth}" if depth else "") + f"-{VERSION}"
+
+
+def _load_entry(folder: Path, shape, seed, cfg, depth, tok) -> RefModel:
+    with np.load(folder / "params.npz") as data:
+        flat = {k: data[k] for k in data.files}
+    params = _unflatten(flat)
+    return RefModel(shape=shape, seed=seed, cfg=cfg, params=params, qparams=quantise_params(params),
+                    path=folder / "model.cact", tokenizer_model=tok,
+                    sp=spm.SentencePieceProcessor(model_file=str(tok)), depth=depth)
+
+
+def _store_entry(folder: Path, flat: dict, cfg: WhistleConfig, tok: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    _atomic_write(folder / "model.cact",
+                  lambda tmp: write_cact(flat, cfg, Path(tmp), tokenizer_blob(tok, cfg.languages)))
+    _atomic_write(folder / "params.npz", lambda tmp: np.savez(open(tmp, "wb"), **flat))
+    _atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(
+        {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, indent=1)))
+
+
+_MODELS: dict[str, RefModel] = {}
+
+
+def build_model(shape: str, seed: int = 0) -> RefModel:
+    """The perturbed reference model of a named shape (see SHAPES), built once and cached on disk.
+
+    First build of "full" takes about a minute and a half (JAX init compile + CQ packing)."""
+    cfg = shape_config(shape)
+    key = _model_key(shape, seed)
+    if key in _MODELS:
+        return _MODELS[key]
+    tok = tokenizer_path()
+    folder = CACHE / "models" / key
+    with _locked(key):
+        if not (folder / "params.npz").exists():
+            _store_entry(folder, _perturb(_init_params(cfg, seed), seed), cfg, tok)
+        model = _load_entry(folder, shape, seed, cfg, None, tok)
+    _MODELS[key] = model
+    return model
+
+
+def ladder(model: RefModel, depth: int) -> RefModel:
+    """The model with its decoder cut to the ladder rung of `depth` layers (guide §6: the
+    endpoint-preserving bisection order, engram sites kept only where their layer survives), its
+    own quantised params and .cact. The encoder is untouched."""
+    if model.depth is not None:
+        raise ValueError("ladder() takes a full-depth model")
+    if not 2 <= depth < model.cfg.dec_layers:
+        raise ValueError(f"depth must be in [2, {model.cfg.dec_layers - 1}], got {depth}")
+    key = _model_key(model.shape, model.seed, depth)
+    if key in _MODELS:
+        return _MODELS[key]
+    needle_cfg = model.cfg.needle()
+    cfg = replace(model.cfg, dec_layers=depth, sites=tuple(ladder_config(needle_cfg, depth).engram_layers))
+    folder = CACHE / "models" / key
+    with _locked(key):
+        if not (folder / "params.npz").exists():
+            sliced = ladder_slice(jax.tree.map(jnp.asarray, model.params), needle_cfg, depth)
+            _store_entry(folder, _flatten(sliced), cfg, model.tokenizer_model)
+        rung = _load_entry(folder, model.shape, model.seed, cfg, depth, model.tokenizer_model)
+    _MODELS[key] = rung
+    return rung
+
+
+# ---------------------------------------------------------------------------------------------
+# Audio front of the reference
+
+
+def reference_sanitize(pcm) -> np.ndarray:
+    """Guide §3 step 1: NaN, infinite and |x| >= 65536 samples read as zero. float32 out."""
+    pcm = np.asarray(pcm, np.float32)
+    if pcm.ndim != 1:
+        raise ValueError(f"pcm must be a 1-D array of samples at 16 kHz, got shape {pcm.shape}")
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(pcm) | (np.abs(pcm) >= 65536.0)
+    return np.where(bad, np.float32(0.0), pcm)
+
+
+def reference_level(pcm) -> np.ndarray:
+    """Guide §1/§3 step 2, the level gain the reference leaves out: the RMS of 320-sample blocks,
+    sorted, the one at floor(0.99 * (blocks - 1)); above 1e-6 the clip is scaled by 0.1 / it.
+    The gain and product are computed in float64 and rounded to float32 once. A clip shorter than
+    one block (no RMS to select) is left as it is."""
+    pcm = np.asarray(pcm, np.float32)
+    blocks = len(pcm) // 320
+    if blocks == 0:
+        return pcm.copy()
+    rms = np.sqrt((pcm[:blocks * 320].reshape(blocks, 320).astype(np.float64) ** 2).mean(1))
+    loud = np.sort(rms)[int(0.99 * (blocks - 1))]
+    return (pcm * (0.1 / loud)).astype(np.float32) if loud > 1e-6 else pcm.copy()
+
+
+def encoder_frames(samples: int, cfg: WhistleConfig | None = None) -> int:
+    """Encoder frames for a clip of `samples` samples: samples // hop feature frames, halved
+    (rounding up) once per stem stage."""
+    cfg = cfg or WhistleConfig()
+    frames = samples // cfg.hop
+    for _ in range(cfg.stem_stages):
+        frames = (frames + 1) // 2
+    return frames
+
+
+def _bucket_samples(samples: int) -> int:
+    """Padded length for the jitted encoder: 1, 2, 4, 8, 16, 32 s, then multiples of 16 s. Lengths
+    mask the padding (tests/test_harness.py checks the result does not change)."""
+    size = SAMPLE_RATE
+    while size < samples and size < 32 * SAMPLE_RATE:
+        size *= 2
+    if size < samples:
+        size = -(-samples // (16 * SAMPLE_RATE)) * 16 * SAMPLE_RATE
+    return size
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantised reference runs
+
+
+def _deploy():
+    # Guide §1: int8 activations and int8 KV. A no-op after the first call.
+    configure_deploy(act_bits=8, kv_bits=8)
+
+
+_ENCODE: dict = {}
+_LOGITS: dict = {}
+_ENCODED: OrderedDict = OrderedDict()
+
+
+def _encode_fn(cfg):
+    if cfg not in _ENCODE:
+        module = Whistle(cfg)
+        _ENCODE[cfg] = jax.jit(lambda p, wav, lengths: module.apply(
+            {"params": p}, wav, lengths, True, method=Whistle.encode))
+    return _ENCODE[cfg]
+
+
+def _logits_fn(cfg):
+    if cfg not in _LOGITS:
+        module = Whistle(cfg)
+        _LOGITS[cfg] = jax.jit(lambda p, tokens, enc, frames: module.apply(
+            {"params": p}, tokens, enc, frames, True, method=Whistle.logits))
+    return _LOGITS[cfg]
+
+
+def _encode_padded(model: RefModel, pcm, pad_to: int | None = None):
+    """(enc (1, F_padded, dim) jax array, frames int) for the sanitised, levelled clip, cached."""
+    pcm = reference_level(reference_sanitize(pcm))
+    if len(pcm) == 0:
+        raise ValueError("pcm is empty; the encoder needs at least one sample")
+    size = pad_to or _bucket_samples(len(pcm))
+    if size < len(pcm):
+        raise ValueError(f"pad_to={size} is shorter than the clip ({len(pcm)} samples)")
+    key = (model.key, size, hashlib.sha1(pcm.tobytes()).hexdigest())
+    if key in _ENCODED:
+        _ENCODED.move_to_end(key)
+        return _ENCODED[key]
+    _deploy()
+    wav = np.zeros((1, size), np.float32)
+    wav[0, :len(pcm)] = pcm
+    enc, frames = _encode_fn(model.cfg)(model.qparams, jnp.asarray(wav), jnp.array([len(pcm)], jnp.int32))
+    result = (enc, int(frames[0]))
+    _ENCODED[key] = result
+    while len(_ENCODED) > 16:
+        _ENCODED.popitem(last=False)
+    return result
+
+
+def ref_embed(model: RefModel, pcm, pad_to: int | None = None) -> np.ndarray:
+    """Quantised reference encoder output, (frames, dim) float32, for pcm at 16 kHz in [-1, 1].
+
+    Applies guide §3 step 1 (bad samples -> 0) and the level gain, then Whistle.encode with
+    quant=True (guide §1). `pad_to` overrides the padded length (samples) the clip is run at."""
+    enc, frames = _encode_padded(model, pcm, pad_to)
+    return np.asarray(enc[0, :frames], np.float32)
+
+
+def _check_tokens(model: RefModel, tokens) -> np.ndarray:
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or len(tokens) == 0 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be a non-empty 1-D integer sequence, got {tokens!r}")
+    if tokens.min() < 0 or tokens.max() >= model.cfg.vocab:
+        raise ValueError(f"token ids must be in [0, {model.cfg.vocab}), got {tokens.min()}..{tokens.max()}")
+    if len(tokens) > model.cfg.max_tokens:
+        raise ValueError(f"at most max_tokens={model.cfg.max_tokens} tokens, got {len(tokens)}")
+    return tokens.astype(np.int32)
+
+
+def _token_bucket(n: int, cap: int) -> int:
+    return min(cap, -(-n // 64) * 64)
+
+
+def _run_logits(model: RefModel, enc, frames: int, rows: list[list[int]]) -> np.ndarray:
+    """Logits (len(rows), width, vocab) of the quantised decoder over each row.
+
+    Rows are padded with pad ids to a bucket of 64 positions and the batch to 5 rows (the decoder
+    is causal, so padding changes no earlier position): one compile per bucket and clip length."""
+    _deploy()
+    width = _token_bucket(max(len(r) for r in rows), model.cfg.max_tokens)
+    batch = max(len(rows), BEAMS)
+    tokens = np.full((batch, width), model.cfg.pad, np.int32)
+    for i, row in enumerate(rows):
+        tokens[i, :len(row)] = row
+    logits = _logits_fn(model.cfg)(model.qparams, jnp.asarray(tokens),
+                                   jnp.broadcast_to(enc, (batch, *enc.shape[1:])),
+                                   jnp.full((batch,), frames, jnp.int32))
+    return np.asarray(logits[:len(rows)], np.float32)
+
+
+def _batch_logits(model: RefModel, enc, frames: int, rows: list[list[int]], positions: list[int]) -> np.ndarray:
+    """Logits (len(rows), vocab) at positions[i] of rows[i]."""
+    logits = _run_logits(model, enc, frames, rows)
+    return np.stack([logits[i, p] for i, p in enumerate(positions)])
+
+
+def ref_logits(model: RefModel, pcm, tokens) -> np.ndarray:
+    """Teacher-forced logits (len(tokens), vocab) float32 of the quantised reference: row i is the
+    next-token distribution after tokens[:i+1]. tokens is the full decoder input, <s> first."""
+    tokens = _check_tokens(model, tokens)
+    enc, frames = _encode_padded(model, pcm)
+    return _run_logits(model, enc, frames, [tokens.tolist()])[0, :len(tokens)]
+
+
+def _prompt(model: RefModel, enc, frames: int, language: str | None) -> tuple[str, list[int]]:
+    """Guide §6 prompt: feed <s>; the language is forced or the argmax over the tag ids."""
+    cfg = model.cfg
+    if language is not None:
+        return language, [cfg.bos, model.language_id(language)]
+    first = _batch_logits(model, enc, frames, [[cfg.bos]], [0])[0]
+    tag = int(np.argmax(first[cfg.text:cfg.vocab]))
+    return cfg.languages[tag], [cfg.bos, cfg.text + tag]
+
+
+def ref_greedy(model: RefModel, pcm, language: str | None = None, max_new: int | None = None):
+    """Greedy decode of the quantised reference (guide §6 prompt, then argmax over text ids).
+
+    Returns (language code, generated text ids without the final </s>). Stops at </s>, when the
+    sequence (prompt included) reaches max_tokens - 1 tokens (the cap `ref_beam` uses), or after
+    `max_new` generated tokens when given."""
+    cfg = model.cfg
+    if language is not None:
+        model.language_id(language)
+    enc, frames = _encode_padded(model, pcm)
+    language, seq = _prompt(model, enc, frames, language)
+    generated: list[int] = []
+    while len(seq) < cfg.max_tokens - 1 and (max_new is None or len(generated) < max_new):
+        logits = _batch_logits(model, enc, frames, [seq], [len(seq) - 1])[0]
+        token = int(np.argmax(logits[:cfg.text]))
+        if token == cfg.eos:
+            break
+        seq.append(token)
+        generated.append(token)
+    return language, generated
+
+
+# ---------------------------------------------------------------------------------------------
+# Beam search oracle (guide §6)
+
+
+
+def find_loop(ids: list[int]) -> int:
+    """Length of the shortest unit (1..8 tokens) that ids end with 4 copies of, or 0."""
+    for unit in range(1, LOOP_UNIT + 1):
+        span = unit * LOOP_REPEATS
+        if len(ids) >= span and all(ids[-span + k] == ids[-unit + k % unit] for k in range(span)):
+            return unit
+    return 0
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def ref_beam(model: RefModel, pcm, language: str | None = None, beams: int = BEAMS, trace: list | None = None):
+    """Guide §6's beam search over the quantised reference, written to be obviously correct.
+
+    Returns (language code, ids of the winning transcript, without </s>, loops cut to one copy).
+
+    Exact rules (the engine's search.py must match these):
+    * The prompt is [<s>, tag]; a beam holds its generated text ids and its running log-prob.
+      Start: one live beam, no ids, log-prob 0.
+    * Each step, every live beam (recomputed from its full prefix) proposes its 6 best text ids
+      (ids < first tag, </s> included) by log-prob under log_softmax over the text ids only
+      (float64); a proposal scores running log-prob + token log-prob. Ties within a beam: lower id.
+    * All proposals are sorted by score, descending (stable: earlier live beam, then better rank
+      first on equal scores), and walked in order until `beams` beams are live. A proposal finishes
+      instead of taking a beam if, checked in this order:
+        1. the token is </s>;
+        2. the ids, token included, end in a loop (find_loop: shortest unit of 1..8 tokens repeated
+           4 times); the transcript is cut back to one copy of the unit;
+        3. the sequence, prompt included, reaches max_tokens - 1 tokens (319 for the shipped cap),
+           i.e. len(ids) == max_tokens - 3.
+      A finished proposal scores its log-prob / its token count, where the log-prob is the sum over
+      every generated token and the count is the number of generated text tokens *including the
+      finishing </s>* (and, for a loop, before the cut: the count of tokens whose log-probs were
+      summed). Every finishing proposal met in the walk is kept, even past the 5th.
+    * After the walk, stop if at least 5 transcripts have finished or no beam is live.
+    * The winner is the best finished score; ties go to the one finished first.
+    `trace`, when a list, receives one dict per step (live beams and finished so far) for debugging.
+    """
+    cfg = model.cfg
+    if not 1 <= beams <= 16:
+        raise ValueError(f"beams must be in [1, 16], got {beams}")
+    if language is not None:
+        model.language_id(language)
+    enc, frames = _encode_padded(model, pcm)
+    language, prompt = _prompt(model, enc, frames, language)
+    cap = cfg.max_tokens - 1 - len(prompt)             # most generated tokens a transcript can hold
+    live: list[tuple[list[int], float]] = [([], 0.0)]
+    finished: list[tuple[float, list[int]]] = []
+    while live and len(finished) < BEAMS:
+        logits = _batch_logits(model, enc, frames, [prompt + ids for ids, _ in live],
+                               [len(prompt) + len(ids) - 1 for ids, _ in live])
+        logp = _log_softmax(logits[:, :cfg.text])
+        proposals = []
+        for b, (ids, score) in enumerate(live):
+            best = np.argsort(-logp[b], kind="stable")[:PROPOSALS]
+            proposals += [(score + float(logp[b, t]), b, int(t)) for t in best]
+        proposals.sort(key=lambda p: -p[0])            # stable: beam order, then rank, on ties
+        survivors: list[tuple[list[int], float]] = []
+        for score, b, token in proposals:
+            if len(survivors) == beams:
+                break
+            ids = live[b][0] + [token]
+            if token == cfg.eos:
+                finished.append((score / len(ids), ids[:-1]))
+            elif unit := find_loop(ids):
+                finished.append((score / len(ids), ids[:len(ids) - (LOOP_REPEATS - 1) * unit]))
+            elif len(ids) >= cap:
+                finished.append((score / len(ids), ids))
+            else:
+                survivors.append((ids, score))
+        live = survivors
+        if trace is not None:
+            trace.append({"live": [(list(i), s) for i, s in live], "finished": list(finished)})
+    best = max(range(len(finished)), key=lambda i: (finished[i][0], -i))
+    return language, finished[best][1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sanity of a built model
+
+
+def activation_stats(model: RefModel, pcm) -> dict:
+    """Numbers that say whether the perturbed network is numerically sane on a clip: the encoder
+    output's RMS and finiteness, and the teacher-forced logits' spread and softmax entropy over a
+    short greedy prefix."""
+    enc = ref_embed(model, pcm)
+    language, ids = ref_greedy(model, pcm, max_new=16)
+    tokens = [model.cfg.bos, model.language_id(language), *ids]
+    logits = ref_logits(model, pcm, tokens)
+    text = _log_softmax(logits[:, :model.cfg.text])
+    entropy = -(np.exp(text) * text).sum(-1)
+    return {
+        "enc_finite": bool(np.isfinite(enc).all()),
+        "enc_rms": float(np.sqrt((enc.astype(np.float64) ** 2).mean())),
+        "logits_finite": bool(np.isfinite(logits).all()),
+        "logits_std": float(logits[:, :model.cfg.text].std(-1).mean()),
+        "entropy_min": float(entropy.min()),
+        "entropy_max": float(entropy.max()),
+        "entropy_uniform": float(np.log(model.cfg.text)),
+        "tokens": tokens,
+    }

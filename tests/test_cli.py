@@ -1,0 +1,274 @@
+"""The `whistle-stream` command: info, download, transcribe, serve, and its error exits."""
+
+import hashlib
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+import whistle_stream
+from whistle_stream import cli, models
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.delenv(models.ENV_MODEL, raising=False)
+    monkeypatch.setenv(models.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "demo_model_path", lambda: None)
+    monkeypatch.setattr(models, "demo_manifest_path", lambda: None)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """A small real .cact from the reference harness (built once, cached under tests/.cache)."""
+    reference = pytest.importorskip("tests.harness.reference")
+    return reference.build_model("tiny").path
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == cli.EXIT_ERROR
+    assert err.count("\n") == 1 and err.startswith("whistle-stream: error: ")
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err
+
+
+# ---------------------------------------------------------------------------------------------
+# info
+
+@pytest.mark.reference
+def test_info_prints_dims_languages_records_sizes_and_sha(env, tiny_model, capsys):
+    from whistle_stream.container import CactFile
+
+    code, out, err = run(capsys, "info", str(tiny_model))
+    assert code == 0 and err == ""
+    with CactFile(tiny_model) as cact:
+        dims, records, by_kind = cact.dims, len(cact.records), cact.bytes_by_kind()
+    assert hashlib.sha256(tiny_model.read_bytes()).hexdigest() in out
+    assert f"records    {records}\n" in out
+    assert f"languages  {', '.join(dims.languages)}\n" in out
+    for kind, size in by_kind.items():
+        assert f"{kind} {size:,} B" in out
+    assert f"  width              {dims.width}\n" in out
+    assert f"  vocab              {dims.vocab}\n" in out
+    assert "custom model" in out
+
+
+@pytest.mark.reference
+def test_info_json_holds_the_same_facts(env, tiny_model, capsys):
+    from whistle_stream.container import CactFile
+
+    code, out, _ = run(capsys, "info", str(tiny_model), "--json")
+    info = json.loads(out)
+    with CactFile(tiny_model) as cact:
+        assert info["records"] == len(cact.records)
+        assert info["dims"]["text_vocab"] == cact.dims.text_vocab
+        assert info["bytes_by_dtype"] == cact.bytes_by_kind()
+    assert info["size"] == tiny_model.stat().st_size
+    assert sum(info["bytes_by_dtype"].values()) < info["size"]  # header, directory and padding are the rest
+    assert info["resolved_as"] == "explicit"
+
+
+@pytest.mark.reference
+def test_info_without_a_path_uses_the_resolved_model(env, tiny_model, capsys, monkeypatch):
+    monkeypatch.setenv(models.ENV_MODEL, str(tiny_model))
+    code, out, _ = run(capsys, "info", "--json")
+    assert code == 0
+    assert json.loads(out)["resolved_as"] == "env"
+
+
+@pytest.mark.reference
+def test_info_names_the_demo_model_by_its_manifest_sha(env, tiny_model, capsys, monkeypatch):
+    manifest = env / "demo.json"
+    manifest.write_text(json.dumps({"sha256": hashlib.sha256(tiny_model.read_bytes()).hexdigest()}))
+    monkeypatch.setattr(models, "demo_manifest_path", lambda: manifest)
+    code, out, _ = run(capsys, "info", str(tiny_model))
+    assert code == 0 and "demo model" in out
+
+
+@pytest.mark.reference
+def test_info_names_the_published_full_model_by_its_sha(env, tiny_model, capsys, monkeypatch):
+    monkeypatch.setattr(models, "MODEL_SHA256", hashlib.sha256(tiny_model.read_bytes()).hexdigest())
+    code, out, _ = run(capsys, "info", str(tiny_model))
+    assert code == 0 and "full model" in out
+
+
+def test_info_on_a_non_cact_file_is_one_error_line(env, capsys):
+    junk = env / "junk.cact"
+    junk.write_bytes(b"RIFF" + bytes(300))
+    code, _, err = run(capsys, "info", str(junk))
+    assert_one_line_error(code, err, "junk.cact", "not a .cact model")
+
+
+def test_info_on_a_missing_file_is_one_error_line(env, capsys):
+    code, _, err = run(capsys, "info", str(env / "missing.cact"))
+    assert_one_line_error(code, err, "missing.cact does not exist")
+
+
+def test_info_with_no_model_anywhere_says_how_to_get_one(env, capsys):
+    code, _, err = run(capsys, "info")
+    assert_one_line_error(code, err, "whistle-stream download", models.MODEL_URL)
+
+
+# ---------------------------------------------------------------------------------------------
+# download
+
+def fake_hub(payload=None, error=None):
+    def download(*, progress, repo_id, filename, local_dir):
+        if error is not None:
+            raise error
+        path = local_dir / filename
+        path.write_bytes(payload)
+        return str(path)
+    return download
+
+
+def test_download_caches_and_prints_the_path(env, capsys, monkeypatch):
+    payload = b"model bytes" * 100
+    monkeypatch.setattr(models, "MODEL_SIZE", len(payload))
+    monkeypatch.setattr(models, "MODEL_SHA256", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(models, "_hf_hub_download", fake_hub(payload))
+    code, out, _ = run(capsys, "download", "--quiet")
+    assert code == 0
+    assert out.strip() == str(models.cached_model_path())
+    assert models.cached_model_path().read_bytes() == payload
+
+
+def test_download_of_a_wrong_file_exits_2(env, capsys, monkeypatch):
+    monkeypatch.setattr(models, "_hf_hub_download", fake_hub(b"not the model"))
+    code, _, err = run(capsys, "download", "--force")
+    assert_one_line_error(code, err, "refused")
+    assert not models.cached_model_path().exists()
+
+
+def test_download_offline_exits_2_with_manual_instructions(env, capsys, monkeypatch):
+    monkeypatch.setattr(models, "_hf_hub_download", fake_hub(error=OSError("network is unreachable")))
+    code, _, err = run(capsys, "download")
+    assert_one_line_error(code, err, models.MODEL_URL, str(models.cached_model_path()), "network is unreachable")
+
+
+# ---------------------------------------------------------------------------------------------
+# transcribe
+
+class FakeWhistle:
+    """Records how the CLI drives `Whistle`; returns a fixed-shape result."""
+    instances = []
+
+    def __init__(self, path):
+        self.path, self.calls = path, []
+        FakeWhistle.instances.append(self)
+
+    def transcribe(self, audio, **options):
+        self.calls.append((audio, options))
+        return {"text": "hello world", "language": "en",
+                "words": [{"word": "hello", "start": 0.0, "end": 0.4, "probability": 0.9},
+                          {"word": "world", "start": 0.48, "end": 0.96, "probability": 0.8}]}
+
+
+@pytest.fixture
+def fake_whistle(env, monkeypatch):
+    FakeWhistle.instances = []
+    monkeypatch.setattr(whistle_stream, "Whistle", FakeWhistle, raising=False)
+    model = env / "m.cact"
+    model.write_bytes(b"x")
+    audio = env / "clip.wav"
+    audio.write_bytes(b"RIFF")
+    return model, audio
+
+
+def test_transcribe_passes_options_and_prints_text(fake_whistle, capsys):
+    model, audio = fake_whistle
+    code, out, _ = run(capsys, "transcribe", str(audio), "--model", str(model), "--language", "de",
+                       "--keyword", "Cactus", "--keyword", "Whistle", "--beams", "3")
+    assert code == 0
+    assert out == "hello world\n"
+    (whistle,) = FakeWhistle.instances
+    assert whistle.path == model
+    assert whistle.calls == [(str(audio), {"language": "de", "keywords": ["Cactus", "Whistle"],
+                                           "word_timestamps": False, "beams": 3})]
+
+
+def test_transcribe_word_timestamps_prints_a_line_per_word(fake_whistle, capsys):
+    model, audio = fake_whistle
+    code, out, _ = run(capsys, "transcribe", str(audio), "--model", str(model), "--word-timestamps")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "hello world"
+    assert lines[1].endswith("] hello") and "0.40" in lines[1]
+    assert lines[2].endswith("] world") and "0.48" in lines[2]
+    assert FakeWhistle.instances[0].calls[0][1] == {"language": None, "keywords": None, "word_timestamps": True}
+
+
+def test_transcribe_json_prints_the_whole_result(fake_whistle, capsys):
+    model, audio = fake_whistle
+    code, out, _ = run(capsys, "transcribe", str(audio), "--model", str(model), "--json")
+    assert code == 0
+    assert json.loads(out) == FakeWhistle(model).transcribe(audio)
+
+
+def test_transcribe_a_missing_audio_file_exits_2(fake_whistle, capsys):
+    model, _ = fake_whistle
+    code, _, err = run(capsys, "transcribe", "nowhere.wav", "--model", str(model))
+    assert_one_line_error(code, err, "nowhere.wav")
+
+
+def test_transcribe_engine_errors_exit_2_without_traceback(fake_whistle, capsys, monkeypatch):
+    from whistle_stream.errors import AudioError
+
+    def broken(self, audio, **options):
+        raise AudioError("clip.wav: sample rate 8000 Hz; accepted: any rate, resampled to 16000 Hz")
+    monkeypatch.setattr(FakeWhistle, "transcribe", broken)
+    model, audio = fake_whistle
+    code, _, err = run(capsys, "transcribe", str(audio), "--model", str(model))
+    assert_one_line_error(code, err, "sample rate 8000 Hz")
+
+
+@pytest.mark.parametrize("beams", ["0", "-2", "five"])
+def test_transcribe_rejects_a_bad_beam_count(fake_whistle, capsys, beams):
+    _, audio = fake_whistle
+    with pytest.raises(SystemExit) as info:
+        cli.main(["transcribe", str(audio), "--beams", beams])
+    assert info.value.code == 2
+    assert "positive integer" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# serve, version, the console script
+
+def test_serve_delegates_its_arguments_to_the_service(monkeypatch):
+    seen = []
+    server = types.ModuleType("service.server")
+    server.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "service.server", server)
+    import service
+    monkeypatch.setattr(service, "server", server, raising=False)
+    assert cli.main(["serve", "--port", "9000", "--help"]) == 0
+    assert seen == [["--port", "9000", "--help"]]
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip().startswith("whistle-stream ")
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([])
+    assert info.value.code == 2
+
+
+def test_console_script_error_is_one_line_and_exit_2(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "whistle_stream.cli", "info", str(tmp_path / "none.cact")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "none.cact does not exist" in result.stderr

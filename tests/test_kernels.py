@@ -1,0 +1,172 @@
+"""The shared kernels and blocks against slow NumPy twins written from the reference's math."""
+
+import numpy as np
+import pytest
+
+from whistle_stream import blocks as B
+from whistle_stream import kernels as K
+from whistle_stream.container import walsh_hadamard
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+# ---------------------------------------------------------------- twins
+
+
+def twin_fake_quant(x):
+    amax = np.abs(x).max(-1, keepdims=True)
+    scale = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    return (np.clip(np.round(x / scale), -128, 127) * scale).astype(np.float32)
+
+
+def twin_zc_rmsnorm(x, scale, eps=1e-6):
+    rms = np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
+    return ((1 + scale) * x / rms).astype(np.float32)
+
+
+def twin_sinkhorn(logits, iters=20):
+    k = logits.astype(np.float64)
+    for _ in range(iters):
+        k = k - np.log(np.exp(k).sum(-1, keepdims=True))
+        k = k - np.log(np.exp(k).sum(-2, keepdims=True))
+    return np.exp(k)
+
+
+def twin_hadamard_mlp(x, p, p1, p2, width):
+    n = p["d1"].shape[0]
+    ba, bb = p["w1a"].shape[0], p["w1b"].shape[0]
+
+    def kron(z, a, b):
+        return np.einsum("rij,ik,jl->rkl", z.reshape(-1, ba, bb), a, b).reshape(-1, n)
+
+    logits = x @ p["cond_v"]
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    cond = 1 + (e / e.sum(-1, keepdims=True)) @ p["cond_u"]
+    z = np.pad(x, ((0, 0), (0, n - width)))
+    z = kron(p["d1"] * z, p["w1a"], p["w1b"])[:, p1]
+    h = p["d2"] * cond * z + p["b2"]
+    z = kron(h / (1 + np.exp(-h)), p["w2a"], p["w2b"])[:, p2]
+    return (p["d4"] * kron(p["d3"] * z, p["w3a"], p["w3b"]))[:, :width]
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_fake_quant_matches_reference_rule_including_ties_and_zero_rows():
+    x = rand(7, 96)
+    x[2] = 0.0                                       # all-zero row: scale 1, stays zero
+    x[3, :4] = [127.0, 0.5, 1.5, -2.5]               # exact .5 ties on the int8 grid: half to even
+    got = B.fake_quant_int8(x)
+    np.testing.assert_array_equal(got, twin_fake_quant(x))
+    assert np.all(got[2] == 0)
+    assert got[3, 1] == 0.0 and got[3, 2] == 2.0 and got[3, 3] == -2.0
+
+
+def test_fake_quant_works_over_the_last_axis_of_any_rank():
+    x = rand(3, 4, 48)
+    np.testing.assert_array_equal(B.fake_quant_int8(x), twin_fake_quant(x))
+
+
+def test_zc_rmsnorm_and_rms_unit_match_twins():
+    x, s = rand(5, 64, scale=3.0), rand(64, scale=0.3)
+    np.testing.assert_allclose(B.zc_rmsnorm(x, s), twin_zc_rmsnorm(x, s), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(B.rms_unit(x), twin_zc_rmsnorm(x, np.zeros(64, np.float32)), rtol=1e-6, atol=1e-6)
+
+
+def test_softmax_silu_sigmoid_match_numpy():
+    x = rand(4, 33, scale=5.0)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(B.softmax(x), e / e.sum(-1, keepdims=True), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(B.sigmoid(x), 1 / (1 + np.exp(-x)), rtol=1e-6)
+    np.testing.assert_allclose(B.silu(x), x / (1 + np.exp(-x)), rtol=1e-5, atol=1e-6)
+
+
+def test_rope_is_rotate_half_with_theta_frequencies():
+    d, theta = 48, 100000.0
+    x = rand(6, 3, d)
+    pos = np.arange(6) + 10
+    cos, sin = B.rope_tables(d, pos, theta)
+    freqs = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    ang = pos[:, None] * freqs
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
+    want = np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+    np.testing.assert_allclose(B.apply_rope(x, cos, sin), want, rtol=1e-4, atol=1e-5)
+
+
+def test_sinkhorn_matches_log_domain_twin_and_is_doubly_stochastic():
+    logits = rand(5, 4, 4, scale=3.0)
+    got = np.empty_like(logits)
+    K._sinkhorn_rows(logits, 20, got)
+    np.testing.assert_allclose(got, twin_sinkhorn(logits), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.sum(-2), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 40])
+def test_linear_matches_matmul_on_both_row_paths(rows):
+    w, x = rand(70, 96), rand(rows, 96)
+    np.testing.assert_allclose(B.Linear(w)(x), x.astype(np.float64) @ w.T.astype(np.float64),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_fwht_rows_is_the_normalised_walsh_hadamard_per_group_with_zero_padding():
+    x = rand(3, 200)
+    got = np.empty((3, 256), np.float32)
+    K._fwht_rows(x, 128, got)
+    padded = np.pad(x, ((0, 0), (0, 56))).reshape(3, 2, 128)
+    np.testing.assert_allclose(got.reshape(3, 2, 128), padded @ walsh_hadamard(128), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("rows", [1, 5, 30])
+def test_rotated_linear_matches_the_dequantised_matrix(bits, rows):
+    out_dim, in_dim, group = 48, 200, 128
+    in_pad = 256
+    levels = 1 << bits
+    codebook = np.sort(RNG.standard_normal(levels)).astype(np.float32) / np.sqrt(group)
+    codes = RNG.integers(0, levels, (out_dim, in_pad)).astype(np.uint8)
+    norms = RNG.uniform(0.5, 2.0, (out_dim, in_pad // group)).astype(np.float16)
+    rot = codebook[codes].reshape(out_dim, 2, group) * norms.astype(np.float32)[:, :, None]
+    dense = (rot @ walsh_hadamard(group)).reshape(out_dim, in_pad)[:, :in_dim]
+    x = rand(rows, in_dim)
+    want = x.astype(np.float64) @ dense.T.astype(np.float64)
+    got = B.RotatedLinear(codes, norms, codebook, group, (out_dim, in_dim))(x)
+    assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
+
+
+def test_attend_groups_query_heads_onto_kv_heads_and_masks_keys():
+    tq, heads, kv, d, dv = 5, 4, 2, 8, 6
+    q, k, v = rand(tq, heads, d), rand(7, kv, d), rand(7, kv, dv)
+    valid = np.array([1, 1, 1, 1, 1, 0, 0], bool)
+    got = B.attend(q, k, v, valid).reshape(tq, heads, dv)
+    for h in range(heads):
+        s = q[:, h] @ k[:valid.sum(), h // 2].T / np.sqrt(d)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        np.testing.assert_allclose(got[:, h], p @ v[:valid.sum(), h // 2], rtol=1e-5, atol=1e-6)
+
+
+def test_attend_causal_sees_only_earlier_positions():
+    q, k, v = rand(6, 2, 8), rand(6, 1, 8), rand(6, 1, 4)
+    got = B.attend(q, k, v, causal=True).reshape(6, 2, 4)
+    np.testing.assert_allclose(got[0, :], np.broadcast_to(v[0, 0], (2, 4)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("width,n", [(128, 128), (96, 128)])
+def test_hadamard_mlp_matches_einsum_twin(width, n):
+    ba = 1 << ((n - 1).bit_length() // 2)
+    bb = n // ba
+    p = {k: rand(n, scale=0.5) + 1 for k in ("d1", "d2", "d3")}
+    p.update(b2=rand(n, scale=0.3), d4=rand(n, scale=0.1), cond_v=rand(width, 8, scale=0.1),
+             cond_u=rand(8, n, scale=0.3))
+    for s in (1, 2, 3):
+        p[f"w{s}a"], p[f"w{s}b"] = rand(ba, ba, scale=0.25), rand(bb, bb, scale=0.2)
+    p1, p2 = RNG.permutation(n), RNG.permutation(n)
+    for rows in (1, 3, 20):
+        x = rand(rows, width)
+        got = B.HadamardMLP(p, p1.astype(np.float32), p2.astype(np.float32), width)(x)
+        np.testing.assert_allclose(got, twin_hadamard_mlp(x, p, p1, p2, width), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,469 @@
+"""Synthetic speech for the bundled demo model: a seeded sentence grammar, TTS voices, augmentation.
+
+Sentences sound like what people say to a captioning or voice-command service (timers, lights,
+calls, music, reminders, weather, numbers, dates, short everyday sentences). Audio comes from
+`espeak-ng` and `flite`, resampled to 16 kHz, with random gain, leading/trailing silence and
+additive noise. Everything is a pure function of a seed, so the held-out test split can be
+regenerated anywhere the two synthesisers are installed:
+
+    from tools.demo_data import test_clips, make_clip
+    clips = test_clips(200, seed=0)             # [(float32 16 kHz audio, text), ...]
+    audio = make_clip("Call mom.", "espeak-ng/en-us+f2", seed=7)
+
+The test split uses sentences never produced for training and voices never used in training
+(`TEST_VOICES`). Command line: `python tools/demo_data.py --seed 0 --clips 5000 --out work-data/demo`
+writes WAV files and `train.jsonl`, `validation.jsonl`, `test.jsonl` manifests (audio, text, voice, seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import wave
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import soxr
+
+RATE = 16000  # Hz, the model's sample rate
+
+# ---------------------------------------------------------------------------------------------
+# Grammar
+
+_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+         "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+         "nineteen"]
+_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_ORDINAL_IRREGULAR = {"one": "first", "two": "second", "three": "third", "five": "fifth",
+                      "eight": "eighth", "nine": "ninth", "twelve": "twelfth"}
+
+
+def number_words(n: int) -> str:
+    """0..1000 as English words: 42 -> "forty-two", 305 -> "three hundred and five"."""
+    if not 0 <= n <= 1000:
+        raise ValueError(f"number_words takes 0..1000, got {n}")
+    if n == 1000:
+        return "one thousand"
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        tens, ones = divmod(n, 10)
+        return _TENS[tens] + ("-" + _ONES[ones] if ones else "")
+    hundreds, rest = divmod(n, 100)
+    head = _ONES[hundreds] + " hundred"
+    return head + (" and " + number_words(rest) if rest else "")
+
+
+def ordinal_words(n: int) -> str:
+    """1..100 as an ordinal: 1 -> "first", 23 -> "twenty-third", 40 -> "fortieth"."""
+    if not 1 <= n <= 100:
+        raise ValueError(f"ordinal_words takes 1..100, got {n}")
+    words = number_words(n)
+    head, _, last = words.rpartition("-") if "-" in words else words.rpartition(" ")
+    sep = "-" if "-" in words else " "
+    if last in _ORDINAL_IRREGULAR:
+        last = _ORDINAL_IRREGULAR[last]
+    elif last.endswith("y"):
+        last = last[:-1] + "ieth"
+    else:
+        last = last + "th"
+    return (head + sep + last) if head else last
+
+
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
+          "October", "November", "December"]
+COLOURS = ["red", "green", "blue", "yellow", "orange", "purple", "pink", "white", "black", "brown",
+           "grey", "gold", "silver", "teal", "violet"]
+ROOMS = ["kitchen", "living room", "bedroom", "bathroom", "hallway", "garage", "office", "dining room",
+         "basement", "garden", "nursery", "attic", "porch", "study", "guest room"]
+DEVICES = ["lights", "fan", "heater", "radio", "television", "lamp", "oven", "kettle", "dishwasher",
+           "washing machine", "air conditioner", "coffee maker", "speaker", "printer", "alarm"]
+CONTACTS = ["mom", "dad", "grandma", "grandpa", "my sister", "my brother", "the office", "the doctor",
+            "Anna", "Ben", "Carlos", "Diana", "Emma", "Frank", "George", "Hannah", "Isaac", "Julia",
+            "Kevin", "Laura", "Michael", "Nora", "Oliver", "Peter", "Rachel", "Sarah", "Thomas", "Victor"]
+GENRES = ["jazz", "rock", "classical music", "pop", "blues", "country music", "reggae", "hip hop",
+          "folk music", "soul", "piano music", "the news", "a podcast", "relaxing music", "dance music"]
+CITIES = ["London", "Paris", "Berlin", "Madrid", "Rome", "Tokyo", "Sydney", "Chicago", "Boston",
+          "Toronto", "Dublin", "Seattle", "Denver", "Miami", "Austin", "Vienna", "Oslo", "Lisbon"]
+TASKS = ["buy milk", "call the dentist", "water the plants", "take out the trash", "pay the rent",
+         "pick up the kids", "feed the cat", "walk the dog", "send the report", "book a table",
+         "clean the kitchen", "check the mail", "wash the car", "bring an umbrella", "charge my phone",
+         "renew my passport", "order more coffee", "return the library books", "fix the bike",
+         "pack my lunch", "drink some water", "stretch my legs", "lock the front door",
+         "turn off the oven", "email my boss", "bake a cake", "buy some bread", "visit grandma"]
+FOODS = ["apples", "bananas", "bread", "butter", "cheese", "chicken", "coffee", "eggs", "fish",
+         "flour", "grapes", "honey", "juice", "lemons", "milk", "noodles", "oranges", "pasta",
+         "pepper", "potatoes", "rice", "salt", "soup", "sugar", "tea", "tomatoes", "yogurt", "carrots",
+         "onions", "cookies"]
+UNITS = [("second", "seconds"), ("minute", "minutes"), ("hour", "hours")]
+PLACES = ["the station", "the airport", "the nearest pharmacy", "the supermarket", "the park",
+          "the hospital", "the museum", "the library", "the beach", "the city centre", "work", "home",
+          "the gym", "the post office", "school"]
+PEOPLE = ["I", "we", "they", "you"]
+ADJECTIVES = ["cold", "warm", "sunny", "cloudy", "windy", "quiet", "busy", "late", "early", "tired",
+              "happy", "hungry", "ready", "sorry", "great", "fine", "nice", "long", "short", "new"]
+EVERYDAY = [
+    "Good morning.", "Good night.", "Thank you very much.", "How are you today?", "I am on my way.",
+    "See you tomorrow.", "What time is it?", "Where are my keys?", "Can you hear me?",
+    "Please speak a little slower.", "The meeting starts soon.", "Let me think about it.",
+    "That sounds like a good idea.", "I will be there in five minutes.", "Could you repeat that?",
+    "The train is running late.", "Dinner is ready.", "I forgot my wallet at home.",
+    "Nice to meet you.", "Have a great weekend.", "The weather is lovely today.",
+    "I need a cup of coffee.", "Please close the window.", "Is anyone sitting here?",
+    "The children are asleep.", "We should leave now.", "My phone battery is low.",
+    "I can't find the remote.", "The shop closes at six.", "Happy birthday to you.",
+    "It is raining again.", "Turn left at the next corner.", "I will call you back later.",
+    "The door is open.", "Do you want some tea?", "Everything is fine.",
+]
+
+
+def _pick(rng: np.random.Generator, items):
+    return items[int(rng.integers(len(items)))]
+
+
+def _number(rng, low=0, high=1000) -> str:
+    # Small numbers are said most often; draw half of them below twenty.
+    n = int(rng.integers(low, min(high, 20) + 1)) if rng.random() < 0.5 and low < 20 else int(rng.integers(low, high + 1))
+    return number_words(n)
+
+
+def _time(rng) -> str:
+    hour = number_words(int(rng.integers(1, 13)))
+    minute = _pick(rng, ["o'clock", "fifteen", "thirty", "forty-five", "ten", "twenty", "five",
+                         "oh five", "fifty"])
+    if minute == "o'clock":
+        return f"{hour} o'clock"
+    return f"{hour} {minute}" + ("" if rng.random() < 0.5 else " " + _pick(rng, ["in the morning", "in the evening", "tonight"]))
+
+
+def _date(rng) -> str:
+    month = _pick(rng, MONTHS)
+    day = ordinal_words(int(rng.integers(1, 32)))
+    return f"{month} {day}" if rng.random() < 0.5 else f"the {day} of {month}"
+
+
+def _decimal(rng) -> str:
+    return f"{number_words(int(rng.integers(0, 100)))} point {number_words(int(rng.integers(0, 10)))}"
+
+
+def _duration(rng) -> str:
+    n = int(rng.integers(1, 61))
+    single, plural = _pick(rng, UNITS)
+    return f"{number_words(n)} {single if n == 1 else plural}"
+
+
+def _when(rng) -> str:
+    return _pick(rng, [
+        lambda: f"at {_time(rng)}", lambda: f"on {_pick(rng, DAYS)}", lambda: "tomorrow",
+        lambda: "tonight", lambda: f"on {_date(rng)}", lambda: f"in {_duration(rng)}",
+        lambda: "next week", lambda: "this afternoon", lambda: f"next {_pick(rng, DAYS)}",
+    ])()
+
+
+def _cap(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
+_TEMPLATES = [
+    lambda r: f"Set a timer for {_duration(r)}.",
+    lambda r: f"Set an alarm for {_time(r)}.",
+    lambda r: f"Wake me up {_when(r)}.",
+    lambda r: f"Turn {_pick(r, ['on', 'off'])} the {_pick(r, DEVICES)} in the {_pick(r, ROOMS)}.",
+    lambda r: f"Turn {_pick(r, ['on', 'off'])} the {_pick(r, DEVICES)}.",
+    lambda r: f"Switch the {_pick(r, ROOMS)} lights to {_pick(r, COLOURS)}.",
+    lambda r: f"Dim the lights in the {_pick(r, ROOMS)} to {number_words(int(r.integers(1, 101)))} percent.",
+    lambda r: f"Set the temperature to {_number(r, 10, 30)} degrees.",
+    lambda r: f"Call {_pick(r, CONTACTS)}.",
+    lambda r: f"Call {_pick(r, CONTACTS)} {_when(r)}.",
+    lambda r: f"Send a message to {_pick(r, CONTACTS)} saying {_pick(r, EVERYDAY)[:-1].lower()}.",
+    lambda r: f"Play some {_pick(r, GENRES)}.",
+    lambda r: f"Play {_pick(r, GENRES)} in the {_pick(r, ROOMS)}.",
+    lambda r: f"Turn the volume {_pick(r, ['up', 'down'])} to {_number(r, 1, 10)}.",
+    lambda r: f"Skip to the {ordinal_words(int(r.integers(1, 21)))} song.",
+    lambda r: f"Remind me to {_pick(r, TASKS)} {_when(r)}.",
+    lambda r: f"Remind me to {_pick(r, TASKS)}.",
+    lambda r: "What's the weather like" + _pick(r, ["", " today", " tomorrow", f" on {_pick(r, DAYS)}"])
+              + _pick(r, ["", f" in {_pick(r, CITIES)}"]) + "?",
+    lambda r: f"Will it rain in {_pick(r, CITIES)} {_pick(r, ['today', 'tomorrow', 'tonight', 'this weekend'])}?",
+    lambda r: f"It is {_number(r, 0, 40)} degrees and {_pick(r, ADJECTIVES)} in {_pick(r, CITIES)}.",
+    lambda r: f"What is {_number(r, 0, 100)} {_pick(r, ['plus', 'minus', 'times'])} {_number(r, 0, 100)}?",
+    lambda r: f"The total is {_decimal(r)} dollars.",
+    lambda r: f"Add {_number(r, 2, 12)} {_pick(r, FOODS)} to the shopping list.",
+    lambda r: f"Add {_pick(r, FOODS)} and {_pick(r, FOODS)} to my list.",
+    lambda r: f"How long does it take to get to {_pick(r, PLACES)}?",
+    lambda r: f"Navigate to {_pick(r, PLACES)}.",
+    lambda r: f"Schedule a meeting with {_pick(r, CONTACTS)} {_when(r)}.",
+    lambda r: f"What day is {_date(r)}?",
+    lambda r: f"My appointment is on {_pick(r, DAYS)} at {_time(r)}.",
+    lambda r: f"The {_pick(r, ['bus', 'train', 'flight', 'meeting', 'movie', 'class'])} leaves at {_time(r)}.",
+    lambda r: f"{_pick(r, PEOPLE)} will be {_pick(r, ADJECTIVES)} {_when(r)}.",
+    lambda r: f"The {_pick(r, COLOURS)} car is parked near {_pick(r, PLACES)}.",
+    lambda r: f"Open the {_pick(r, ['front door', 'garage door', 'curtains', 'blinds', 'window'])}.",
+    lambda r: f"Lock the {_pick(r, ['front door', 'back door', 'garage', 'car'])}.",
+    lambda r: f"Room {_number(r, 1, 1000)} is on the {ordinal_words(int(r.integers(1, 31)))} floor.",
+    lambda r: f"Set the oven to {_number(r, 100, 250)} degrees.",
+    lambda r: f"Measure {_decimal(r)} {_pick(r, ['cups', 'grams', 'litres', 'inches', 'metres'])}.",
+    lambda r: f"I was born on {_date(r)}.",
+    lambda r: f"Today is {_pick(r, DAYS)}, {_date(r)}.",
+    lambda r: f"Stop the timer.",
+    lambda r: f"Pause the music.",
+    lambda r: f"Cancel my {_ordinal_alarm(r)} alarm.",
+    lambda r: _pick(r, EVERYDAY),
+    lambda r: f"I need {_pick(r, FOODS)} from the shop.",
+    lambda r: f"We are meeting {_pick(r, CONTACTS)} at {_pick(r, PLACES)} {_when(r)}.",
+    lambda r: f"The score is {_number(r, 0, 10)} to {_number(r, 0, 10)}.",
+    lambda r: f"Page {_number(r, 1, 1000)}, line {_number(r, 1, 60)}.",
+]
+
+
+def _ordinal_alarm(rng) -> str:
+    return ordinal_words(int(rng.integers(1, 6)))
+
+
+def sentence(rng: np.random.Generator) -> str:
+    """One sentence from the grammar, with normal casing and light punctuation."""
+    text = _cap(_pick(rng, _TEMPLATES)(rng))
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def grammar_vocabulary() -> set[str]:
+    """Every lower-case word the grammar can produce (hyphenated numbers split at the hyphen)."""
+    words: set[str] = set()
+    sources = [number_words(n) for n in range(1001)] + [ordinal_words(n) for n in range(1, 101)]
+    sources += DAYS + MONTHS + COLOURS + ROOMS + DEVICES + CONTACTS + GENRES + CITIES + TASKS
+    sources += FOODS + PLACES + PEOPLE + ADJECTIVES + EVERYDAY + [w for pair in UNITS for w in pair]
+    probe = np.random.default_rng(12345)
+    sources += [sentence(probe) for _ in range(20000)]
+    for text in sources:
+        words.update(_words(text))
+    return words
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in re.split(r"[^a-z']+", text.lower().replace("-", " ")) if w]
+
+
+# ---------------------------------------------------------------------------------------------
+# Voices and splits
+
+ESPEAK_LANGS = ["en", "en-us", "en-gb-x-rp", "en-gb-scotland", "en-029", "en-gb-x-gbclan"]
+ESPEAK_VARIANTS = ["m1", "m2", "m3", "m4", "m5", "m7", "f1", "f2", "f3", "f5", "f4", "m6"]
+FLITE_VOICES = ["kal", "kal16", "awb", "slt", "rms"]
+# Held out: every espeak-ng voice built on variants f4 and m6, and flite's rms.
+HELD_OUT_VARIANTS = ("f4", "m6")
+HELD_OUT_FLITE = ("rms",)
+
+TRAIN_VOICES = tuple([f"espeak-ng/{lang}+{v}" for lang in ESPEAK_LANGS for v in ESPEAK_VARIANTS
+                      if v not in HELD_OUT_VARIANTS] + [f"espeak-ng/{lang}" for lang in ESPEAK_LANGS]
+                     + [f"flite/{v}" for v in FLITE_VOICES if v not in HELD_OUT_FLITE])
+TEST_VOICES = tuple([f"espeak-ng/{lang}+{v}" for lang in ESPEAK_LANGS for v in HELD_OUT_VARIANTS]
+                    + [f"flite/{v}" for v in HELD_OUT_FLITE])
+
+
+def _rng(seed: int, *labels) -> np.random.Generator:
+    """A generator keyed by a seed and labels, independent of call order."""
+    digest = hashlib.sha256(repr((int(seed),) + labels).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def test_sentences(n: int, seed: int = 0) -> list[str]:
+    """The first n distinct test sentences for a seed; training never sees them."""
+    rng, out, seen = _rng(seed, "test-sentences"), [], set()
+    while len(out) < n:
+        text = sentence(rng)
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+TEST_POOL = 400  # sentences reserved for validation + test; test_clips(n) takes n <= TEST_POOL - VALIDATION
+VALIDATION = 100
+
+
+def _reserved(seed: int) -> set[str]:
+    return set(test_sentences(TEST_POOL, seed))
+
+
+def train_sentences(n: int, seed: int = 0) -> list[str]:
+    """n training sentences (repeats allowed, as people repeat commands), none from the test pool."""
+    rng, reserved, out = _rng(seed, "train-sentences"), _reserved(seed), []
+    while len(out) < n:
+        text = sentence(rng)
+        if text not in reserved:
+            out.append(text)
+    return out
+
+
+def _items(texts, voices, seed, label):
+    rng = _rng(seed, label + "-voices")
+    return [{"text": t, "voice": voices[int(rng.integers(len(voices)))],
+             "seed": int(_rng(seed, label, i).integers(2 ** 31))} for i, t in enumerate(texts)]
+
+
+def train_items(n: int, seed: int = 0) -> list[dict]:
+    """n training clip specs {text, voice, seed} on TRAIN_VOICES."""
+    return _items(train_sentences(n, seed), TRAIN_VOICES, seed, "train")
+
+
+def validation_items(n: int = VALIDATION, seed: int = 0) -> list[dict]:
+    """Validation clip specs: held-out sentences (the last VALIDATION of the pool), held-out voices."""
+    if not 1 <= n <= VALIDATION:
+        raise ValueError(f"validation_items takes 1..{VALIDATION} clips, got {n}")
+    return _items(test_sentences(TEST_POOL, seed)[-VALIDATION:][:n], TEST_VOICES, seed, "validation")
+
+
+def test_items(n: int, seed: int = 0) -> list[dict]:
+    """The first n test clip specs {text, voice, seed}: unseen sentences spoken by unseen voices."""
+    if not 1 <= n <= TEST_POOL - VALIDATION:
+        raise ValueError(f"test_items takes 1..{TEST_POOL - VALIDATION} clips, got {n}")
+    return _items(test_sentences(TEST_POOL, seed)[:n], TEST_VOICES, seed, "test")
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthesis and augmentation
+
+def _read_wav(path: str) -> tuple[np.ndarray, int]:
+    with wave.open(path, "rb") as w:
+        rate, frames = w.getframerate(), w.readframes(w.getnframes())
+        if w.getsampwidth() != 2 or w.getnchannels() != 1:
+            raise RuntimeError(f"{path}: expected 16-bit mono, got {w.getsampwidth() * 8}-bit x{w.getnchannels()}")
+    return np.frombuffer(frames, "<i2").astype(np.float32) / 32768.0, rate
+
+
+def synthesize(text: str, voice: str, rng: np.random.Generator) -> np.ndarray:
+    """Speak text with a voice ("espeak-ng/en-us+f2" or "flite/slt"), float32 16 kHz.
+
+    Speed and pitch are drawn from rng: espeak-ng 130-220 wpm, pitch 30-70; flite duration
+    stretch 0.8-1.25 and a mean F0 shift of +-15 %.
+    """
+    engine, _, name = voice.partition("/")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.wav")
+        if engine == "espeak-ng":
+            speed, pitch = int(rng.integers(130, 221)), int(rng.integers(30, 71))
+            cmd = ["espeak-ng", "-v", name, "-s", str(speed), "-p", str(pitch), "-w", path, text]
+        elif engine == "flite":
+            stretch, f0 = rng.uniform(0.8, 1.25), rng.uniform(0.85, 1.15)
+            base_f0 = 170.0 if name == "slt" else 105.0
+            cmd = ["flite", "-voice", name, "--setf", f"duration_stretch={stretch:.3f}",
+                   "--setf", f"int_f0_target_mean={base_f0 * f0:.1f}", "-t", text, "-o", path]
+        else:
+            raise ValueError(f"unknown voice {voice!r}: expected 'espeak-ng/<voice>' or 'flite/<voice>'")
+        subprocess.run(cmd, check=True, capture_output=True)
+        audio, rate = _read_wav(path)
+    if rate != RATE:
+        audio = soxr.resample(audio, rate, RATE, quality="HQ").astype(np.float32)
+    return audio
+
+
+def add_noise(audio: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.ndarray:
+    """audio plus noise at snr_db relative to the power of the audio's non-silent part.
+
+    The noise is white, pink-ish (one-pole low-passed) or brown (integrated), picked by rng.
+    """
+    speech = audio[np.abs(audio) > 1e-4]
+    power = float(np.mean(speech.astype(np.float64) ** 2)) if len(speech) else 0.0
+    if power == 0.0:
+        return audio.copy()
+    noise = rng.standard_normal(len(audio))
+    kind = int(rng.integers(3))
+    if kind == 1:
+        noise = _one_pole(noise, 0.9)
+    elif kind == 2:
+        noise = _one_pole(noise, 0.995)
+    noise -= noise.mean()
+    noise *= np.sqrt(power / 10 ** (snr_db / 10) / np.mean(noise ** 2))
+    return (audio + noise).astype(np.float32)
+
+
+def _one_pole(x: np.ndarray, a: float) -> np.ndarray:
+    from scipy.signal import lfilter  # tools only; the runtime package never imports scipy
+    return lfilter([1.0], [1.0, -a], x)
+
+
+def augment(audio: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Leading/trailing silence 0.1-0.8 s, gain -18..+6 dB, noise at 5-30 dB SNR (80 % of clips)."""
+    lead, trail = (int(rng.uniform(0.1, 0.8) * RATE) for _ in range(2))
+    out = np.concatenate([np.zeros(lead, np.float32), audio, np.zeros(trail, np.float32)])
+    if rng.random() < 0.8:
+        out = add_noise(out, rng.uniform(5.0, 30.0), rng)
+    out = out * 10 ** (rng.uniform(-18.0, 6.0) / 20)
+    peak = float(np.max(np.abs(out))) if len(out) else 0.0
+    return (out / peak * 0.99 if peak > 0.99 else out).astype(np.float32)
+
+
+def make_clip(text: str, voice: str, seed: int) -> np.ndarray:
+    """One augmented clip: float32 mono at 16 kHz, a pure function of (text, voice, seed)."""
+    if not text.strip():
+        raise ValueError("make_clip needs non-empty text")
+    rng = np.random.default_rng(int(seed))
+    return augment(synthesize(text, voice, rng), rng)
+
+
+def test_clips(n: int, seed: int = 0) -> list[tuple[np.ndarray, str]]:
+    """The first n held-out test clips as (float32 16 kHz audio, text), regenerated from the seed."""
+    return [(make_clip(it["text"], it["voice"], it["seed"]), it["text"]) for it in test_items(n, seed)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing a dataset
+
+def _write_one(args) -> dict:
+    item, path = args
+    if not os.path.exists(path):
+        audio = make_clip(item["text"], item["voice"], item["seed"])
+        pcm = np.clip(np.round(audio * 32767), -32768, 32767).astype("<i2")
+        tmp = path + ".tmp"
+        with wave.open(tmp, "wb") as w:
+            w.setnchannels(1), w.setsampwidth(2), w.setframerate(RATE)
+            w.writeframes(pcm.tobytes())
+        os.replace(tmp, path)
+    with wave.open(path, "rb") as w:
+        seconds = w.getnframes() / RATE
+    return {**item, "audio": os.path.abspath(path), "seconds": round(seconds, 3)}
+
+
+def write_split(items: list[dict], folder: str, name: str, workers: int = 2) -> str:
+    """Synthesise items into folder/name/NNNNNN.wav and write folder/name.jsonl; returns its path."""
+    os.makedirs(os.path.join(folder, name), exist_ok=True)
+    jobs = [(it, os.path.join(folder, name, f"{i:06d}.wav")) for i, it in enumerate(items)]
+    with ProcessPoolExecutor(workers) as pool:
+        rows = list(pool.map(_write_one, jobs, chunksize=16))
+    manifest = os.path.join(folder, name + ".jsonl")
+    with open(manifest + ".tmp", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(manifest + ".tmp", manifest)
+    return manifest
+
+
+def read_wav16k(path: str) -> np.ndarray:
+    """A 16 kHz 16-bit mono WAV as float32 in [-1, 1]."""
+    audio, rate = _read_wav(path)
+    if rate != RATE:
+        raise ValueError(f"{path}: expected {RATE} Hz, got {rate}")
+    return audio
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clips", type=int, default=5000, help="training clips")
+    ap.add_argument("--test", type=int, default=TEST_POOL - VALIDATION, help="test clips")
+    ap.add_argument("--out", default="work-data/demo")
+    args = ap.parse_args(argv)
+    for name, items in (("test", test_items(args.test, args.seed)),
+                        ("validation", validation_items(VALIDATION, args.seed)),
+                        ("train", train_items(args.clips, args.seed))):
+        print(name, write_split(items, args.out, name), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""Train the bundled demo Whistle from scratch on synthetic speech and pack it as a .cact.
+
+    python tools/train_demo_model.py --seed 0 --out whistle_stream/models/demo.cact
+
+regenerates the data (tools/demo_data.py) under --data, trains a sentencepiece BPE tokenizer on the
+training transcripts, trains a small `needle.model.whistle.Whistle` with quantisation-aware training
+at the exported widths (guide §1/§2: CQ4 for `embedding` and the `mhc_phi*` lane maps, CQ2 for every
+other matrix, int8 activations and KV cache), writes the .cact atomically every --export-every steps,
+and finally scores greedy decoding on the quantised weights on the held-out test split (WER, whisper
+English normalisation). Uses the JAX reference; never imported by the runtime package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools import demo_data  # noqa: E402
+
+LANGUAGE = "en"
+BUCKET_SECONDS = 1.0  # clips are padded up to a whole second: few distinct shapes, so few XLA compiles
+TOKEN_ROUND = 8       # token rows are padded up to a multiple of this, for the same reason
+
+
+def log(*parts) -> None:
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and tokenizer
+
+def load_split(manifest: str) -> list[dict]:
+    rows = [json.loads(line) for line in open(manifest)]
+    for row in rows:
+        row["pcm"] = (demo_data.read_wav16k(row["audio"]) * 32768).astype(np.int16)
+    return rows
+
+
+def train_tokenizer(texts: list[str], vocab: int, seed: int):
+    """A sentencepiece BPE model proto trained on texts (ids: pad 0, eos 1, bos 2, unk 3)."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sorted(set(texts))), model_writer=model, model_type="bpe",
+        vocab_size=vocab, byte_fallback=True, character_coverage=1.0, pad_id=0, eos_id=1, bos_id=2,
+        unk_id=3, normalization_rule_name="identity", num_threads=1,
+        shuffle_input_sentence=False, minloglevel=2)
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.getvalue())
+    return proto
+
+
+class Batches:
+    """Length-bucketed batches: each padded to its own longest clip (rounded to BUCKET_SECONDS)."""
+
+    def __init__(self, rows, ids, batch, rng):
+        order = np.argsort([len(r["pcm"]) for r in rows], kind="stable")
+        self.rows, self.ids, self.rng = rows, ids, rng
+        self.groups = [order[i:i + batch] for i in range(0, len(order), batch)]
+
+    def epoch(self):
+        for g in self.rng.permutation(len(self.groups)):
+            yield arrays([self.rows[i] for i in self.groups[g]], [self.ids[i] for i in self.groups[g]])
+
+
+def arrays(rows, ids, samples=None):
+    """(wav float32 (B, S), lengths int32 (B,), tokens int32 (B, T)) padded with zeros / pad id."""
+    step = int(BUCKET_SECONDS * demo_data.RATE)
+    longest = max(len(r["pcm"]) for r in rows)
+    samples = samples or -(-longest // step) * step
+    width = -(-max(len(t) for t in ids) // TOKEN_ROUND) * TOKEN_ROUND
+    wav = np.zeros((len(rows), samples), np.float32)
+    lengths = np.zeros(len(rows), np.int32)
+    tokens = np.zeros((len(rows), width), np.int32)
+    for k, (row, t) in enumerate(zip(rows, ids)):
+        pcm = row["pcm"][:samples].astype(np.float32) / 32768
+        wav[k, :len(pcm)], lengths[k], tokens[k, :len(t)] = pcm, len(pcm), t
+    return wav, lengths, tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantisation at the exported widths (guide §1, §2)
+
+def export_bits(name: str, cq2: bool) -> int:
+    """Bits a matrix is stored at: CQ4 for the embedding and mhc_phi lane maps, CQ2 (or 4) otherwise."""
+    if name in ("embedding", "embedding/embedding") or "mhc_phi" in name:
+        return 4
+    return 2 if cq2 else 4
+
+
+def quantise(params, cq2: bool, straight_through: bool):
+    """Every quantised leaf replaced by its CQ reconstruction (with an STE gradient if asked)."""
+    import jax
+    import jax.numpy as jnp
+    from needle.model.quantize import (CQ_GROUP_SIZE, _is_quant_leaf, _reduces_second_last, cq_quantize,
+                                       cq_ste, leaf_name)
+
+    def one(path, leaf):
+        if not _is_quant_leaf(path, leaf):
+            return leaf
+        bits = export_bits(leaf_name(path), cq2)
+        fn = (lambda w: cq_ste(w, bits, CQ_GROUP_SIZE)) if straight_through else (lambda w: cq_quantize(w, bits))
+        if _reduces_second_last(path):
+            return jnp.swapaxes(fn(jnp.swapaxes(leaf, -1, -2)), -1, -2)
+        return fn(leaf)
+
+    return jax.tree_util.tree_map_with_path(one, params)
+
+
+def write_cact(params, cfg, path: str, blob: bytes, cq2: bool) -> dict:
+    """Pack params at the shipped widths, atomically (temp file, then os.replace).
+
+    export.py's packer refuses bits other than 4; like guide §2 we swap in a packer without that
+    guard and a `_q` that picks the width by record name, then restore both.
+    """
+    from needle.model import export
+    from needle.model.quantize import _cq_codebook_np, _cq_hadamard_np
+
+    def pack(w, bits, group):
+        rows, cols = w.shape
+        g = np.pad(w, ((0, 0), (0, -cols % group))).reshape(rows, -1, group) @ _cq_hadamard_np(group)
+        norm = np.sqrt((g ** 2).sum(-1, keepdims=True))
+        idx = export._nearest_idx(g / np.maximum(norm, 1e-12), _cq_codebook_np(bits, group))
+        return export._pack_lsb(idx.reshape(rows, -1), bits), norm[..., 0].astype(np.float16)
+
+    original_pack, original_q = export._cq_pack, export._q
+    export._cq_pack = pack
+    export._q = lambda name, mat, bits, group: original_q(name, mat, export_bits(name, cq2), group)
+    try:
+        tmp = path + ".tmp"
+        info = export.write_export(params, cfg.needle(), tmp, tokenizer=blob, audio=cfg)
+        os.replace(tmp, path)
+    finally:
+        export._cq_pack, export._q = original_pack, original_q
+    return {**info, "path": path}
+
+
+def write_card(cact: str, vocabulary: list[str], cfg, note: str) -> None:
+    digest = hashlib.sha256(open(cact, "rb").read()).hexdigest()
+    card = {
+        "name": "whistle-stream demo model",
+        "description": ("A tiny Whistle trained from scratch on synthetic English speech (espeak-ng and "
+                        "flite voices): voice commands, numbers, times, dates, short everyday sentences. "
+                        "For tests and demos, not for real transcription. " + note),
+        "vocabulary": vocabulary,
+        "languages": list(cfg.languages),
+        "shape": {"dim": cfg.dim, "enc_layers": cfg.enc_layers, "dec_layers": cfg.dec_layers,
+                  "text_vocab": cfg.text, "v_dim": cfg.v_dim, "qk_dim": cfg.qk_dim, "kv_heads": cfg.kv_heads},
+        "sha256": digest,
+    }
+    path = os.path.splitext(cact)[0] + ".json"
+    with open(path + ".tmp", "w") as f:
+        json.dump(card, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy decoding on the quantised weights (like whistle_finetune._score_quantised)
+
+def greedy_wer(model, qparams, cfg, sp, rows, batch=16):
+    """(edits, reference words, hypotheses) of greedy decoding; whisper English normalisation."""
+    import jax
+    from needle.model.whistle import Whistle
+    from needle.model.whistle_finetune import errors
+
+    encode = jax.jit(lambda p, w, n: model.apply({"params": p}, w, n, True, method=Whistle.encode))
+    step = jax.jit(lambda p, t, e, f: model.apply({"params": p}, t, e, f, True, method=Whistle.logits))
+    tags = np.arange(cfg.vocab) >= cfg.text
+    samples = -(-max(len(r["pcm"]) for r in rows) // demo_data.RATE) * demo_data.RATE
+    edits = words = 0
+    hyps = []
+    for start in range(0, len(rows), batch):
+        part = rows[start:start + batch]
+        wav, lengths, _ = arrays(part, [[0]] * len(part), samples)
+        enc, frames = encode(qparams, wav, lengths)
+        tokens = np.full((len(part), 64), cfg.pad, np.int32)
+        tokens[:, 0], tokens[:, 1] = cfg.bos, cfg.tag(LANGUAGE)
+        done = np.zeros(len(part), bool)
+        for pos in range(1, 63):
+            size = (pos // 16 + 1) * 16
+            logits = np.array(step(qparams, tokens[:, :size], enc, frames)[:, pos])
+            logits[:, tags] = -np.inf
+            pick = logits.argmax(-1)
+            tokens[:, pos + 1] = np.where(done, cfg.pad, pick)
+            done |= pick == cfg.eos
+            if done.all():
+                break
+        for row, ids in zip(part, tokens.tolist()):
+            ids = ids[2:]
+            ids = ids[:ids.index(cfg.eos)] if cfg.eos in ids else ids
+            text = sp.decode([i for i in ids if i != cfg.pad])
+            e, n = errors(row["text"], text, LANGUAGE)
+            edits, words = edits + e, words + n
+            hyps.append(text)
+    return edits, words, hyps
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="whistle_stream/models/demo.cact")
+    ap.add_argument("--data", default="work-data/demo", help="generated audio and manifests (not committed)")
+    ap.add_argument("--clips", type=int, default=6000, help="training clips to synthesise")
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--vocab", type=int, default=512, help="sentencepiece pieces (incl. 256 byte pieces)")
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--enc-layers", type=int, default=3)
+    ap.add_argument("--dec-layers", type=int, default=2)
+    ap.add_argument("--bits", type=int, choices=(2, 4), default=2, help="width of the non-embedding matrices")
+    ap.add_argument("--export-every", type=int, default=150)
+    ap.add_argument("--test-clips", type=int, default=300)
+    ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape)")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import serialization
+    from needle.model.export import whistle_tokenizer_blob
+    from needle.model.quantize import configure_deploy
+    from needle.model.whistle import Whistle, WhistleConfig
+    import sentencepiece as spm
+
+    jax.config.update("jax_compilation_cache_dir", os.path.join(args.data, "jax-cache"))
+    cq2 = args.bits == 2
+
+    log("data", args.data)
+    manifests = {
+        "test": demo_data.write_split(demo_data.test_items(args.test_clips, args.seed), args.data, "test"),
+        "validation": demo_data.write_split(demo_data.validation_items(seed=args.seed), args.data, "validation"),
+        "train": demo_data.write_split(demo_data.train_items(args.clips, args.seed), args.data, "train"),
+    }
+    splits = {k: load_split(v) for k, v in manifests.items()}
+    minutes = sum(len(r["pcm"]) for r in splits["train"]) / demo_data.RATE / 60
+    log(f"clips train {len(splits['train'])} ({minutes:.1f} min)  validation {len(splits['validation'])}"
+        f"  test {len(splits['test'])}  ({time.time() - t0:.0f} s)")
+
+    proto = train_tokenizer([r["text"] for r in splits["train"]], args.vocab, args.seed)
+    sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+    blob = whistle_tokenizer_blob(proto, (LANGUAGE,))
+    cfg = WhistleConfig(text=len(proto.pieces), languages=(LANGUAGE,), dim=args.dim, kv_heads=1, qk_dim=32,
+                        v_dim=64, enc_layers=args.enc_layers, dec_layers=args.dec_layers, lanes=4, enc_lanes=4,
+                        sites=(args.dec_layers - 1,), orders=(2, 3), slots=2048, stem=64, remat=False)
+    ids = {k: [[cfg.bos, cfg.tag(LANGUAGE), *sp.encode(r["text"]), cfg.eos] for r in rows]
+           for k, rows in splits.items()}
+    log(f"tokenizer {cfg.text} pieces + <|{LANGUAGE}|>; longest transcript {max(map(len, ids['train']))} tokens")
+
+    configure_deploy(act_bits=8, kv_bits=8)
+    model = Whistle(cfg)
+    wav0, len0, tok0 = arrays(splits["train"][:2], ids["train"][:2])
+    params = model.init(jax.random.PRNGKey(args.seed), wav0, len0, tok0[:, :-1])["params"]
+    start_step = 0
+    if args.resume:
+        saved = np.load(args.resume, allow_pickle=False)
+        params = serialization.from_bytes(params, saved["params"].tobytes())
+        start_step = int(saved["step"])
+    count = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
+    log(f"model dim {cfg.dim} heads {cfg.heads} enc {cfg.enc_layers} dec {cfg.dec_layers} "
+        f"sites {cfg.sites} slots {cfg.slots} stem {cfg.stem}: {count / 1e6:.2f} M params; "
+        f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8")
+
+    def loss_fn(p, wav, lengths, tokens):
+        logits = model.apply({"params": quantise(p, cq2, True)}, wav, lengths, tokens[:, :-1], quant=True)
+        targets = tokens[:, 1:]
+        mask = targets != cfg.pad
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+    warmup = max(1, args.steps // 20)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, end_value=args.lr * 0.02)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    opt_state = optimizer.init(params)
+    if args.resume:
+        opt_state = serialization.from_bytes(opt_state, saved["opt"].tobytes())
+
+    @jax.jit
+    def train_step(p, state, wav, lengths, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(p, wav, lengths, tokens)
+        updates, state = optimizer.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, loss
+
+    eval_loss = jax.jit(loss_fn)
+
+    def validate(p):
+        rows, t = splits["validation"], ids["validation"]
+        losses = [float(eval_loss(p, *arrays(rows[i:i + 25], t[i:i + 25]))) for i in range(0, len(rows), 25)]
+        return float(np.mean(losses))
+
+    vocabulary = sorted(demo_data.grammar_vocabulary())
+    ckpt = os.path.join(args.data, "checkpoint.npz")
+
+    def checkpoint(p, state, step, note):
+        np.savez(ckpt + ".tmp.npz", params=np.frombuffer(serialization.to_bytes(p), np.uint8),
+                 opt=np.frombuffer(serialization.to_bytes(state), np.uint8), step=step)
+        os.replace(ckpt + ".tmp.npz", ckpt)
+        info = write_cact(jax.device_get(p), cfg, args.out, blob, cq2)
+        write_card(args.out, vocabulary, cfg, note)
+        return info
+
+    batches = Batches(splits["train"], ids["train"], args.batch, np.random.default_rng(args.seed))
+    step, recent, tick = start_step, [], time.time()
+    log(f"training {args.steps} steps, batch {args.batch}, {len(batches.groups)} batches/epoch (compiling...)")
+    while step < args.steps:
+        for wav, lengths, tokens in batches.epoch():
+            params, opt_state, loss = train_step(params, opt_state, wav, lengths, tokens)
+            step += 1
+            recent.append(float(loss))
+            if step % 25 == 0:
+                log(f"step {step}/{args.steps} loss {np.mean(recent):.4f} lr {float(schedule(step)):.2e} "
+                    f"{(time.time() - tick) / len(recent):.2f} s/step")
+                recent, tick = [], time.time()
+            if step % args.export_every == 0 or step == args.steps:
+                val = validate(params)
+                note = f"Step {step}, validation loss {val:.3f}."
+                info = checkpoint(params, opt_state, step, note)
+                log(f"step {step} val {val:.4f}  wrote {info['path']} ({info['bytes'] / 1e6:.2f} MB)")
+            if step >= args.steps:
+                break
+
+    qparams = quantise(params, cq2, False)
+    edits, words, hyps = greedy_wer(model, qparams, cfg, sp, splits["test"])
+    wer = edits / max(words, 1)
+    log(f"test WER {wer:.2%} ({edits}/{words} words, {len(hyps)} clips, greedy, CQ{args.bits} weights)")
+    with open(os.path.join(args.data, "test_hypotheses.jsonl"), "w") as f:
+        for row, hyp in zip(splits["test"], hyps):
+            f.write(json.dumps({"voice": row["voice"], "text": row["text"], "hyp": hyp}) + "\n")
+    val = validate(params)
+    write_card(args.out, vocabulary, cfg, f"Step {step}, validation loss {val:.3f}, test WER {wer:.1%} "
+                                          f"(greedy, quantised, {len(hyps)} held-out clips and voices).")
+    log(f"done in {(time.time() - t0) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,357 @@
+"""Building blocks the encoder and the decoder share (guide §6, needle `architecture.py`).
+
+Weights come from a `CactFile` and are kept as read-only float32 arrays; every call takes its
+activations as float32 (rows, features) arrays and returns new arrays (or writes `out=`).
+Where the reference fake-quantises activations to int8 (`_aq`) the callers here do the same,
+at the same points, with `fake_quant_int8`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from . import kernels as K
+
+NORM_EPS = 1e-6  # ZCRMSNorm and _rms_unit epsilon in the reference
+SINKHORN_ITERS = 20  # needle `_sinkhorn` default
+
+
+def _f32_rows(x: np.ndarray) -> np.ndarray:
+    """x as a C-contiguous float32 2-D view (rows, features), copying only when needed."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
+
+
+# ---------------------------------------------------------------- elementwise and row maps
+
+
+def fake_quant_int8(x: np.ndarray) -> np.ndarray:
+    """Symmetric int8 fake-quant over the last axis (quantize.fake_quant, group = last dim, 8 bits).
+
+    Per row: scale = absmax / 127 (1 for an all-zero row), round half to even, clip to
+    [-128, 127], multiply back. Returns a new float32 array of x's shape.
+    """
+    x2 = _f32_rows(x)
+    out = np.empty_like(x2)
+    K._fake_quant_rows(x2, out)
+    return out.reshape(np.shape(x))
+
+
+def zc_rmsnorm(x: np.ndarray, scale: np.ndarray, eps: float = NORM_EPS) -> np.ndarray:
+    """Zero-centred RMSNorm over the last axis: (1 + scale) * x / sqrt(mean(x^2) + eps)."""
+    x2 = _f32_rows(x)
+    out = np.empty_like(x2)
+    K._zc_rmsnorm_rows(x2, np.asarray(scale, np.float32), eps, out)
+    return out.reshape(np.shape(x))
+
+
+def rms_unit(x: np.ndarray, eps: float = NORM_EPS) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) over the last axis (needle `_rms_unit`)."""
+    x2 = _f32_rows(x)
+    out = np.empty_like(x2)
+    K._rms_unit_rows(x2, eps, out)
+    return out.reshape(np.shape(x))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, max-subtracted, float32."""
+    x2 = _f32_rows(x)
+    out = np.empty_like(x2)
+    K._softmax_rows(x2, out)
+    return out.reshape(np.shape(x))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x) as a new float32 array."""
+    out = np.array(x, dtype=np.float32, order="C", copy=True)
+    K._silu_inplace(out)
+    return out
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)) as a new float32 array."""
+    out = np.array(x, dtype=np.float32, order="C", copy=True)
+    K._sigmoid_inplace(out)
+    return out
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+def rope_tables(head_dim: int, positions: np.ndarray, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin tables (len(positions), head_dim // 2) for rotate-half RoPE.
+
+    Frequencies 1 / theta^(arange(0, d, 2) / d), computed in float32 like
+    needle `precompute_rope_freqs`.
+    """
+    freqs = (1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32)
+                                          / np.float32(head_dim)))).astype(np.float32)
+    angles = np.outer(np.asarray(positions, np.float32), freqs).astype(np.float32)
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """RoPE on x (rows, heads, d) with per-row tables cos/sin (rows, d // 2); half-split layout."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    K._rope_rows(x, np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32), out)
+    return out
+
+
+# ---------------------------------------------------------------- matrices
+
+
+class Linear:
+    """y = x @ W.T for a stored [out, in] matrix, dequantised once to float32.
+
+    Many rows go to numpy's BLAS, a handful (decoder beams) to a hand-written row kernel that
+    beats BLAS call overhead there (kernels.SMALL_ROWS).
+    """
+
+    def __init__(self, weight: np.ndarray):
+        w = np.ascontiguousarray(weight, dtype=np.float32)
+        if w.ndim != 2:
+            raise ValueError(f"a Linear weight is a 2-D [out, in] matrix, got shape {w.shape}")
+        w.setflags(write=False)
+        self.weight = w
+
+    @classmethod
+    def from_cact(cls, cact, name: str) -> "Linear":
+        return cls(cact.array(name))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out, in)."""
+        return self.weight.shape
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x (rows, in) float32 -> (rows, out) float32."""
+        x = _f32_rows(x)
+        if out is None:
+            out = np.empty((x.shape[0], self.weight.shape[0]), np.float32)
+        if x.shape[0] <= K.SMALL_ROWS:
+            K._gemm_rows(x, self.weight, out)
+        else:
+            np.matmul(x, self.weight.T, out=out)
+        return out
+
+
+def _level_unit(codebook: np.ndarray, limit: int = 32767) -> float:
+    """The unit u that makes codebook / u closest to integers of magnitude <= limit.
+
+    A CQ codebook is a handful of Lloyd-Max levels; scanning the top half of the int16 range
+    for the best common unit keeps the relative error of every level near 1e-6 (2 bits) to
+    1e-5 (4 bits) instead of the 5e-5 a plain absmax scale gives the smallest level.
+    """
+    cb = np.abs(np.asarray(codebook, np.float64))
+    cb = cb[cb > 0]
+    top = cb.max()
+    units = top / np.arange(limit // 2, limit + 1, dtype=np.float64)
+    scaled = cb[None, :] / units[:, None]
+    err = (np.abs(scaled - np.rint(scaled)) / scaled).max(axis=1)
+    return float(units[np.argmin(err)])
+
+
+class RotatedLinear:
+    """y = x @ W.T computed in the CQ rotated domain, without dequantising W.
+
+    A CQ row group is w_g = (cb[idx] * norm) @ H with H the normalised Walsh-Hadamard matrix,
+    which is symmetric, so x_g . w_g = (x_g @ H) . (cb[idx] * norm). The activation is rotated
+    once per call (fast Walsh-Hadamard, per 128-group) and dotted with int16 level codes
+    (cb[idx] / unit) times a per-group float32 scale (norm * unit). Half the bytes of a float32
+    matrix; agrees with `Linear` on the dequantised matrix to ~1e-5 relative.
+    """
+
+    def __init__(self, codes: np.ndarray, norms: np.ndarray, codebook: np.ndarray, group: int,
+                 shape: tuple[int, int]):
+        unit = _level_unit(codebook)
+        levels = np.rint(np.asarray(codebook, np.float64) / unit).astype(np.int16)
+        self.levels = np.ascontiguousarray(levels[np.asarray(codes)])  # (out, in_pad) int16
+        self.gscale = (np.asarray(norms, np.float32) * np.float32(unit)).astype(np.float32)
+        self.group = int(group)
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.levels.setflags(write=False)
+        self.gscale.setflags(write=False)
+
+    @classmethod
+    def from_cact(cls, cact, name: str) -> "RotatedLinear":
+        cq = cact.cq(name)
+        return cls(cq.codes, cq.norms, cq.codebook, cq.group, cq.shape)
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x (rows, in) float32 -> (rows, out) float32."""
+        x = _f32_rows(x)
+        rotated = np.empty((x.shape[0], self.levels.shape[1]), np.float32)
+        K._fwht_rows(x, self.group, rotated)
+        if out is None:
+            out = np.empty((x.shape[0], self.shape[0]), np.float32)
+        K._levels_gemm(rotated, self.levels, self.gscale, self.group, out)
+        return out
+
+
+# ---------------------------------------------------------------- attention
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_valid: np.ndarray | None = None,
+           causal: bool = False) -> np.ndarray:
+    """Softmax attention with grouped K/V heads, scale 1 / sqrt(d_qk).
+
+    q (Tq, H, d), k (Tk, KV, d), v (Tk, KV, dv); query head h reads K/V head h // (H // KV).
+    key_valid (Tk,) bool masks keys out; causal masks key j > query i (same positions).
+    Returns (Tq, H * dv) float32.
+    """
+    tq, heads, d = q.shape
+    tk, kv_heads, dv = v.shape
+    group = heads // kv_heads
+    qh = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(kv_heads, group * tq, d)
+    kh = np.ascontiguousarray(k.transpose(1, 2, 0))  # (KV, d, Tk)
+    vh = np.ascontiguousarray(v.transpose(1, 0, 2))  # (KV, Tk, dv)
+    s = np.matmul(qh, kh)  # (KV, group * Tq, Tk)
+    s *= np.float32(1.0 / np.sqrt(d))
+    if key_valid is not None:
+        s[:, :, ~np.asarray(key_valid, bool)] = np.finfo(np.float32).min
+    if causal:
+        blocked = np.triu(np.ones((tq, tk), bool), 1)
+        s.reshape(kv_heads, group, tq, tk)[:, :, blocked] = np.finfo(np.float32).min
+    p = np.empty_like(s)
+    K._softmax_rows(s.reshape(-1, tk), p.reshape(-1, tk))
+    o = np.matmul(p, vh)  # (KV, group * Tq, dv)
+    return np.ascontiguousarray(o.reshape(heads, tq, dv).transpose(1, 0, 2)).reshape(tq, heads * dv)
+
+
+# ---------------------------------------------------------------- Hadamard MLP
+
+HADAMARD_KEYS = ("d1", "d2", "b2", "d3", "d4", "w1a", "w1b", "w2a", "w2b", "w3a", "w3b",
+                 "cond_v", "cond_u")
+
+
+class HadamardMLP:
+    """needle `HadamardMLP`: three Kronecker-factored (ba x ba) (x) (bb x bb) mixes.
+
+    cond = 1 + softmax(x @ cond_v) @ cond_u
+    z = kron1(d1 * pad(x))[p1];  z = kron2(silu(d2 * cond * z + b2))[p2];  out = d4 * kron3(d3 * z)
+    kron(z) reshapes z to (ba, bb) and returns A^T Z B. x (rows, width) -> (rows, width).
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], p1: np.ndarray, p2: np.ndarray, width: int):
+        f = {key: np.ascontiguousarray(params[key], np.float32) for key in HADAMARD_KEYS}
+        self.n = f["d1"].shape[0]
+        self.ba, self.bb = f["w1a"].shape[0], f["w1b"].shape[0]
+        if self.ba * self.bb != self.n:
+            raise ValueError(f"Hadamard factors {self.ba}x{self.bb} do not make {self.n}")
+        self.width = width
+        self.d1, self.d2, self.b2, self.d3, self.d4 = (f[k] for k in ("d1", "d2", "b2", "d3", "d4"))
+        self.cond_v, self.cond_u = f["cond_v"], f["cond_u"]  # (width, 8), (8, n)
+        self.factors = [(f[f"w{s}a"], f[f"w{s}b"]) for s in (1, 2, 3)]
+        self.p1 = np.asarray(p1).astype(np.int64)
+        self.p2 = np.asarray(p2).astype(np.int64)
+
+    @classmethod
+    def from_cact(cls, cact, prefix: str, width: int) -> "HadamardMLP":
+        """prefix: "encoder03.hadamard_mlp_0" (encoder) or "layer03" (decoder)."""
+        params = {key: cact.array(f"{prefix}.{key}") for key in HADAMARD_KEYS}
+        return cls(params, cact.array("hada_p1"), cact.array("hada_p2"), width)
+
+    def _kron(self, z: np.ndarray, s: int, perm: np.ndarray | None) -> np.ndarray:
+        """A^T Z B per row for Z = z.reshape(ba, bb), then the optional column permutation."""
+        a, b = self.factors[s]
+        rows = z.shape[0]
+        ba, bb = self.ba, self.bb
+        t = np.matmul(z.reshape(rows * ba, bb), b)  # (rows * ba, bb): Z B
+        t = np.ascontiguousarray(t.reshape(rows, ba, bb).transpose(1, 0, 2)).reshape(ba, rows * bb)
+        res = np.matmul(a.T, t)  # (ba, rows * bb): A^T (Z B), rows side by side
+        # res[k, r * bb + l] is out[r, k * bb + l]; gather it back row-major, through perm.
+        cols = np.arange(self.n) if perm is None else perm
+        index = (cols // bb) * (rows * bb) + cols % bb
+        return np.take(res.reshape(-1), index[None, :] + (np.arange(rows) * bb)[:, None])
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = _f32_rows(x)
+        rows = x.shape[0]
+        cond = softmax(x @ self.cond_v) @ self.cond_u + np.float32(1.0)  # (rows, n)
+        z = np.zeros((rows, self.n), np.float32)
+        z[:, : self.width] = x
+        z *= self.d1
+        z = self._kron(z, 0, self.p1)
+        z = self.d2 * cond * z + self.b2
+        K._silu_inplace(z)
+        z = self._kron(z, 1, self.p2)
+        z *= self.d3
+        z = self._kron(z, 2, None)
+        z *= self.d4
+        return np.ascontiguousarray(z[:, : self.width])
+
+
+# ---------------------------------------------------------------- mHC lanes
+
+
+class LaneMixer:
+    """The mHC lane stream around every block (needle `_LaneBody` / `_ScanBody`, guide §6).
+
+    The residual stream is (rows, lanes, width); rows are encoder frames or decoder beams.
+    Per layer l (with lane = eye(n)[position % n]):
+      nx    = int8(rms_unit(x.reshape(rows, n * C)))
+      hpre  = sigmoid(a_pre * (nx @ phi_pre) + b_pre + 8 * lane - 4)
+      u     = sum_j hpre_j * x_j;  y = block(u) - u
+      hpost = 2 * sigmoid(a_post * (nx @ phi_post) + b_post - 4 * (1 - lane))
+      hres  = sinkhorn(a_res * (nx @ phi_res).reshape(n, n) + b_res)
+      x     = hres @ x + hpost * y
+    The stack ends with the mean over lanes and the final ZCRMSNorm (`collapse`).
+    """
+
+    def __init__(self, cact, prefix: str, layers: int, lanes: int, width: int):
+        """prefix "encoder." for the encoder stack, "" for the decoder stack."""
+        n = lanes
+        self.layers, self.lanes, self.width = layers, lanes, width
+        phi_pre = cact.array(f"{prefix}mhc_phi_pre")  # (L * n, n * C), row l*n + j = phi[l][:, j]
+        phi_post = cact.array(f"{prefix}mhc_phi_post")
+        phi_res = cact.array(f"{prefix}mhc_phi_res")  # (L * n * n, n * C)
+        # One [2n + n^2, n*C] matrix per layer so the three lane maps are a single product.
+        self.phi = [Linear(np.concatenate([phi_pre[l * n:(l + 1) * n], phi_post[l * n:(l + 1) * n],
+                                           phi_res[l * n * n:(l + 1) * n * n]]))
+                    for l in range(layers)]
+        self.a_pre = cact.array(f"{prefix}mhc_a_pre").reshape(layers).astype(np.float32)
+        self.a_post = cact.array(f"{prefix}mhc_a_post").reshape(layers).astype(np.float32)
+        self.a_res = cact.array(f"{prefix}mhc_a_res").reshape(layers).astype(np.float32)
+        self.b_pre = cact.array(f"{prefix}mhc_b_pre").reshape(layers, n).astype(np.float32)
+        self.b_post = cact.array(f"{prefix}mhc_b_post").reshape(layers, n).astype(np.float32)
+        self.b_res = cact.array(f"{prefix}mhc_b_res").reshape(layers, n, n).astype(np.float32)
+        self.final_norm = cact.array(f"{prefix}final_norm").astype(np.float32)
+
+    def expand(self, x: np.ndarray) -> np.ndarray:
+        """(rows, C) -> (rows, lanes, C): every lane starts as the input."""
+        x = _f32_rows(x)
+        return np.ascontiguousarray(np.broadcast_to(x[:, None, :], (x.shape[0], self.lanes, x.shape[1])))
+
+    def step(self, layer: int, x: np.ndarray, block: Callable[[np.ndarray], np.ndarray],
+             position: int | None = None) -> np.ndarray:
+        """One layer: x (rows, lanes, C) -> new (rows, lanes, C).
+
+        block(u) takes (rows, C) float32 and returns the block's output (rows, C), residual
+        included, exactly like the reference block. `position` (default: layer) picks the lane
+        offsets; a depth-sliced decoder passes its index among the active layers.
+        """
+        n = self.lanes
+        rows = x.shape[0]
+        pos = layer if position is None else position
+        lane = np.zeros(n, np.float32)
+        lane[pos % n] = 1.0
+        nx = fake_quant_int8(rms_unit(x.reshape(rows, n * self.width)))
+        z = self.phi[layer](nx)  # (rows, 2n + n^2)
+        hpre = sigmoid(self.a_pre[layer] * z[:, :n] + self.b_pre[layer] + (8 * lane - 4))
+        u = np.empty((rows, self.width), np.float32)
+        K._lane_combine(hpre, x, u)
+        y = np.ascontiguousarray(block(u), dtype=np.float32) - u
+        hpost = 2 * sigmoid(self.a_post[layer] * z[:, n:2 * n] + self.b_post[layer] - 4 * (1 - lane))
+        logits = (self.a_res[layer] * z[:, 2 * n:]).reshape(rows, n, n) + self.b_res[layer]
+        hres = np.empty_like(logits)
+        K._sinkhorn_rows(np.ascontiguousarray(logits, np.float32), SINKHORN_ITERS, hres)
+        out = np.empty_like(x)
+        K._lane_mix(hres, x, np.ascontiguousarray(hpost, np.float32), y, out)
+        return out
+
+    def collapse(self, x: np.ndarray) -> np.ndarray:
+        """(rows, lanes, C) -> (rows, C): mean over lanes, then the stack's final norm."""
+        return zc_rmsnorm(x.mean(axis=1, dtype=np.float32), self.final_norm)

@@ -1,0 +1,204 @@
+"""The `whistle-stream` command: info, download, transcribe, serve.
+
+    whistle-stream info [MODEL] [--json]
+    whistle-stream download [--force] [--quiet]
+    whistle-stream transcribe FILE [--model PATH] [--language CODE] [--keyword PHRASE ...]
+                              [--word-timestamps] [--beams N] [--json]
+    whistle-stream serve ...          (the WebSocket service; its own options)
+
+Errors the engine raises on purpose (`WhistleError`) print one line to stderr and exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+from . import models
+from .errors import WhistleError
+
+PROG = "whistle-stream"
+EXIT_ERROR = 2  # argparse's own exit status for a usage error; bad models and files share it
+
+
+def _version() -> str:
+    try:
+        return metadata.version("whistle-stream")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Live speech-to-text with Cactus Compute's Whistle model.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    info = commands.add_parser("info", help="describe a .cact model: dims, languages, records, sizes, SHA-256")
+    info.add_argument("model", nargs="?", help="model file (default: the resolved model, see `transcribe --model`)")
+    info.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    download = commands.add_parser("download", help=f"fetch the full {models.MODEL_FILENAME} from Hugging Face "
+                                                    f"({models.HF_REPO}) into the cache")
+    download.add_argument("--force", action="store_true", help="download again even if a verified copy is cached")
+    download.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    transcribe = commands.add_parser("transcribe", help="transcribe an audio file")
+    transcribe.add_argument("file", help="audio file (WAV, or anything the engine's loader accepts)")
+    transcribe.add_argument("--model", help=f"model file (default: ${models.ENV_MODEL}, then the cached full "
+                                            "model, then the bundled demo model)")
+    transcribe.add_argument("--language", help="force a language code (default: detect)")
+    transcribe.add_argument("--keyword", action="append", default=[], metavar="PHRASE",
+                            help="bias decoding toward this phrase (repeatable)")
+    transcribe.add_argument("--word-timestamps", action="store_true", help="print per-word start and end times")
+    transcribe.add_argument("--beams", type=_positive_int, default=None, metavar="N",
+                            help="beam width (default: the engine's, 5; 1 is greedy)")
+    transcribe.add_argument("--json", action="store_true", help="print the full result as JSON")
+
+    commands.add_parser("serve", help="run the WebSocket service (`whistle-stream serve --help` for its options)",
+                        add_help=False)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# info
+
+def describe(path: str | Path | None) -> dict:
+    """Everything `info` prints, as a JSON-ready dict."""
+    from .container import CactFile
+
+    resolved = models.resolve_model(path)
+    sha = models.sha256_of(resolved.path)
+    with CactFile(resolved.path) as cact:
+        dims = dataclasses.asdict(cact.dims)
+        records = len(cact.records)
+        by_kind = dict(sorted(cact.bytes_by_kind().items()))
+    return {
+        "path": str(resolved.path),
+        "resolved_as": resolved.kind,
+        "identity": _identity(resolved, sha),
+        "size": resolved.path.stat().st_size,
+        "sha256": sha,
+        "records": records,
+        "languages": list(dims["languages"]),
+        "bytes_by_dtype": by_kind,
+        "dims": {k: list(v) if isinstance(v, tuple) else v for k, v in dims.items()},
+    }
+
+
+def _identity(resolved: models.ResolvedModel, sha: str) -> str:
+    if sha == models.MODEL_SHA256:
+        return f"full model (the published {models.MODEL_FILENAME})"
+    manifest = models.demo_manifest_path()
+    if manifest is not None:
+        try:
+            demo_sha = json.loads(manifest.read_text()).get("sha256")
+        except (OSError, ValueError, AttributeError):
+            demo_sha = None
+        if sha == demo_sha:
+            return "demo model (bundled)"
+    if resolved.kind == "demo":
+        return "demo model (bundled)"
+    return "custom model"
+
+
+def _print_info(info: dict) -> None:
+    rows = [
+        ("model", f"{info['path']}  [{info['identity']}; chosen as {info['resolved_as']}]"),
+        ("size", f"{info['size']:,} bytes"),
+        ("sha256", info["sha256"]),
+        ("records", str(info["records"])),
+        ("languages", ", ".join(info["languages"])),
+        ("dtypes", ", ".join(f"{k} {v:,} B" for k, v in info["bytes_by_dtype"].items())),
+    ]
+    for key, value in rows:
+        print(f"{key:<10} {value}")
+    print("dims")
+    for key, value in info["dims"].items():
+        print(f"  {key:<18} {', '.join(map(str, value)) if isinstance(value, list) else value}")
+
+
+# ---------------------------------------------------------------------------------------------
+# transcribe
+
+def _transcribe(args: argparse.Namespace) -> dict:
+    from . import Whistle
+    from .errors import AudioError
+
+    audio = Path(args.file)
+    if not audio.is_file():
+        raise AudioError(f"audio file {audio} does not exist")
+    model = Whistle(models.resolve_model(args.model).path)
+    options = {"language": args.language, "keywords": args.keyword or None,
+               "word_timestamps": args.word_timestamps}
+    if args.beams is not None:
+        options["beams"] = args.beams
+    result = model.transcribe(str(audio), **options)
+    return _as_dict(result)
+
+
+def _as_dict(result) -> dict:
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        return dataclasses.asdict(result)
+    if isinstance(result, dict):
+        return result
+    if isinstance(result, str):
+        return {"text": result}
+    raise TypeError(f"Whistle.transcribe returned {type(result).__name__}; expected a dict or dataclass")
+
+
+def _print_transcript(result: dict, word_timestamps: bool) -> None:
+    print(result.get("text", ""))
+    if word_timestamps:
+        for word in result.get("words") or []:
+            print(f"[{word['start']:7.2f} -> {word['end']:7.2f}] {word['word']}")
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `whistle-stream` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        from service import server  # the service is optional to the engine; load it only here
+        return server.main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "info":
+            info = describe(args.model)
+            if args.json:
+                print(json.dumps(info, indent=1))
+            else:
+                _print_info(info)
+        elif args.command == "download":
+            print(models.download(force=args.force, progress=not args.quiet))
+        elif args.command == "transcribe":
+            result = _transcribe(args)
+            if args.json:
+                print(json.dumps(result, ensure_ascii=False, indent=1))
+            else:
+                _print_transcript(result, args.word_timestamps)
+    except WhistleError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,492 @@
+"""The Whistle text decoder: incremental, batched over beams (guide §6).
+
+One decoder step takes the live beams together as rows: embedding x sqrt(width); engram at its
+sites; per kept layer, inside the mHC lanes, causal self-attention (3 conv taps on Q, K and V,
+per-head Q/K norms, RoPE, int8 Q and KV, grouped KV heads, gate), cross-attention over the clip's
+memory (8 heads for Q, K and V alike, no RoPE, int8 Q/K/V, gate), Hadamard MLP; mean over lanes,
+final norm, int8, and the tied embedding as the output head over every vocabulary id.
+
+State, kept apart from the weights (`DecoderState`, one per clip):
+- cross-attention K/V, projected and quantised once per clip per layer;
+- a KV pool per layer indexed by (position, pool row), and a block table `anc` (beam, position)
+  -> pool row. A new position of beam b is written to pool row b; reordering beams by `parents`
+  copies only their rows of the small int32 table, never the cache itself;
+- short histories per beam (the last taps-1 projected Q/K/V rows per layer, the engram's last
+  taps x dilation value rows and its last order-1 tokens), gathered by `parents` on reorder.
+
+Numerics follow the quantised reference (needle `Whistle.logits` with quant=True): activations
+int8 where `_aq` is applied, int8 Q and KV per head, the flash attention path's scaling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import blocks as B
+from . import kernels as K
+from .decoder_kernels import _attend_memory, _attend_pool, _causal_taps, _gather_levels
+
+ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
+ENGRAM_PRIME = 0x01000193  # FNV prime of the n-gram hash
+ENGRAM_SHIFT = 15  # final xor-shift of the hash
+ALIGNMENT_DEFAULT = "upper"  # guide §8: the active layers in the upper half of the stack
+
+
+def ladder_order(layers: int) -> tuple[int, ...]:
+    """Endpoint-preserving bisection order of a decoder stack (guide §6).
+
+    Both ends first, then repeatedly the midpoint (rounded down) of the widest gap between chosen
+    layers, the leftmost gap on ties: 8 layers give 0, 7, 3, 5, 1, 2, 4, 6.
+    """
+    if layers < 1:
+        raise ValueError(f"a decoder needs at least one layer, got {layers}")
+    if layers == 1:
+        return (0,)
+    chosen = [0, layers - 1]
+    order = list(chosen)
+    while len(order) < layers:
+        chosen.sort()
+        gaps = [(right - left, left, right) for left, right in zip(chosen, chosen[1:]) if right - left > 1]
+        width = max(g[0] for g in gaps)
+        _, left, right = next(g for g in gaps if g[0] == width)
+        mid = (left + right) // 2
+        chosen.append(mid)
+        order.append(mid)
+    return tuple(order)
+
+
+def ladder_layers(layers: int, depth: int | None) -> tuple[int, ...]:
+    """The decoder layers a ladder depth keeps, in stack order (None: all of them)."""
+    if depth is None:
+        return tuple(range(layers))
+    lowest = min(2, layers)
+    if not isinstance(depth, (int, np.integer)) or not lowest <= depth <= layers:
+        raise ValueError(f"decoder depth must be an integer in [{lowest}, {layers}], got {depth!r}")
+    return tuple(sorted(ladder_order(layers)[: int(depth)]))
+
+
+def sinusoids(frames: int, width: int) -> np.ndarray:
+    """(frames, width) float32: [sin(t w), cos(t w)], w_i = exp(-i ln 10000 / (width/2 - 1)) (§6)."""
+    half = width // 2
+    step = np.float32(-math.log(10000.0) / (half - 1))
+    omega = np.exp(step * np.arange(half, dtype=np.float32))
+    angle = np.arange(frames, dtype=np.float32)[:, None] * omega[None, :]
+    return np.concatenate([np.sin(angle), np.cos(angle)], axis=1).astype(np.float32)
+
+
+def _sigmoid_scalar(x: np.ndarray) -> np.float32:
+    v = np.float32(np.asarray(x, np.float32).reshape(-1)[0])
+    return np.float32(1.0) / (np.float32(1.0) + np.exp(-v))
+
+
+def _head_quant(x: np.ndarray) -> np.ndarray:
+    """int8 fake-quant of each head vector: x (..., d) -> same shape (quantize.maybe_quant_kv)."""
+    return B.fake_quant_int8(x)
+
+
+# ---------------------------------------------------------------- weights
+
+
+class _Layer:
+    """One kept decoder layer's weights. `index` is its place in the file, `position` its place
+    among the kept layers (which picks its mHC lane offsets)."""
+
+    def __init__(self, cact, index: int, position: int, site: int | None, linear):
+        d = cact.dims
+        p = f"layer{index:02d}."
+        a = cact.array
+        self.index, self.position, self.site = index, position, site
+        self.norm_in = a(p + "norm_in")
+        self.q, self.k, self.v = linear(p + "q_proj"), linear(p + "k_proj"), linear(p + "v_proj")
+        self.taps = d.taps
+        if d.taps:
+            self.q_taps, self.k_taps, self.v_taps = a(p + "q_taps"), a(p + "k_taps"), a(p + "v_taps")
+        self.q_norm, self.k_norm = a(p + "q_norm"), a(p + "k_norm")
+        self.gate, self.out = linear(p + "gate_proj"), linear(p + "out_proj")
+        self.post_norm = a(p + "post_norm")
+        self.attn_gate = _sigmoid_scalar(a(p + "attn_gate"))
+        self.cross_norm = a(p + "cross_norm")
+        self.cq, self.cgate, self.cout = (linear(p + "cross.q_proj"), linear(p + "cross.gate_proj"),
+                                          linear(p + "cross.out_proj"))
+        # Memory-side projections see (frames, width) once per clip: BLAS on float32 weights.
+        self.ck, self.cv = B.Linear(a(p + "cross.k_proj")), B.Linear(a(p + "cross.v_proj"))
+        self.cq_norm, self.ck_norm = a(p + "cross_q_norm"), a(p + "cross_k_norm")
+        self.post_cross_norm = a(p + "post_cross_norm")
+        self.cross_gate = _sigmoid_scalar(a(p + "cross_gate"))
+        self.pre_hada = a(p + "pre_hada")
+        self.mlp = B.HadamardMLP.from_cact(cact, p[:-1], d.width)
+
+
+class _Engram:
+    """One engram site: hashed n-gram tables (left packed, gathered per token), key/value maps."""
+
+    def __init__(self, cact, site: int, linear):
+        d = cact.dims
+        cq = cact.cq(f"engram{site}.tables")
+        self.codes = cq.codes
+        self.norms = np.ascontiguousarray(cq.norms, np.float32)
+        self.codebook = cq.codebook
+        self.group = cq.group
+        self.key, self.value = linear(f"engram{site}.key_proj"), linear(f"engram{site}.value_proj")
+        self.taps = cact.array(f"engram{site}.taps")  # (4, width)
+        self.sub_dim = d.engram_sub_dim
+
+    def fetch(self, rows: np.ndarray) -> np.ndarray:
+        """(M,) table rows -> (M, sub_dim) dequantised float32 rows."""
+        rot = np.empty((rows.shape[0], self.codes.shape[1]), np.float32)
+        _gather_levels(self.codes, self.norms, self.codebook, rows, self.group, rot)
+        out = np.empty_like(rot)
+        K._fwht_rows(rot, self.group, out)
+        return out[:, : self.sub_dim]
+
+
+# ---------------------------------------------------------------- per-clip state
+
+
+@dataclass(eq=False)
+class DecoderState:
+    """Everything one clip's decode carries between steps; made by `Decoder.start`.
+
+    rows: live beam rows; position: the next position to feed (tokens fed so far).
+    """
+
+    frames: int
+    capacity: int  # most beam rows
+    rows: int
+    position: int
+    cross_k: list  # per kept layer (heads, frames, qk_dim), int8 fake-quantised
+    cross_v: list  # per kept layer (heads, frames, v_dim)
+    k_pool: list  # per kept layer (max_tokens, capacity, kv_heads, qk_dim)
+    v_pool: list  # per kept layer (max_tokens, capacity, kv_heads, v_dim)
+    anc: np.ndarray  # (capacity, max_tokens) int32: pool row of each beam's position
+    tap_hist: list  # per kept layer [q, k, v] each (capacity, taps - 1, features)
+    engram_hist: dict  # site -> (capacity, (conv taps - 1) * dilation, width) raw value rows
+    token_hist: np.ndarray  # (capacity, max order - 1) int64, the last tokens (0 before the start)
+    scores: np.ndarray  # (max_tokens,) float32 attention scratch
+
+
+class Decoder:
+    """The decoder of a Whistle .cact.
+
+    Decoder(cact, depth=None): depth keeps that many layers by the ladder order (guide §6).
+    rotated=True runs the CQ matrices in the rotated domain on int16 level codes (half the bytes
+    of float32); False dequantises them to float32 once.
+    """
+
+    def __init__(self, cact, depth: int | None = None, rotated: bool = True):
+        d = cact.dims
+        self.dims = d
+        self.kept = ladder_layers(d.dec_layers, depth)
+        if rotated:
+            def linear(name):
+                return B.RotatedLinear.from_cact(cact, name)
+        else:
+            def linear(name):
+                return B.Linear.from_cact(cact, name)
+        sites = {layer: s for s, layer in enumerate(d.engram_sites)}
+        self.layers = [_Layer(cact, index, pos, sites.get(index), linear) for pos, index in enumerate(self.kept)]
+        self.engrams = {s: _Engram(cact, s, linear) for s, layer in enumerate(d.engram_sites) if layer in self.kept}
+        self.lanes = B.LaneMixer(cact, "", d.dec_layers, d.lanes, d.width)
+        self.embedding = np.ascontiguousarray(cact.array("embedding"))  # (vocab, width) input rows
+        self.head = linear("embedding")  # output head: the same matrix, over every id
+        self.pe_gate = _sigmoid_scalar(cact.array("pe_gate"))
+        self.embed_scale = np.float32(math.sqrt(d.width))
+        self.rope_cos, self.rope_sin = B.rope_tables(d.qk_dim, np.arange(d.max_tokens), d.rope_theta)
+        # The reference's flash path: q * sqrt(fused / qk), then logits / sqrt(fused), fused =
+        # max(qk, v): mathematically q.k / sqrt(qk).
+        fused = max(d.qk_dim, d.v_dim)
+        self.q_scale = np.float32(math.sqrt(fused / d.qk_dim))
+        self.logit_scale = np.float32(1.0 / math.sqrt(fused))
+        self.orders = tuple(d.engram_orders)
+        self.hashes = d.engram_hashes
+        self.hash_stride = d.engram_seed_heads or d.engram_hashes
+        self.engram_depth = (d.engram_conv_taps - 1) * d.engram_dilation
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def alignment_layers(self) -> tuple[int, ...]:
+        """The kept layers in the upper half of the full stack (guide §8 word timestamps)."""
+        return tuple(i for i in self.kept if i >= self.dims.dec_layers // 2)
+
+    def memory(self, enc: np.ndarray) -> np.ndarray:
+        """Encoder output (frames, width) -> cross-attention memory: int8(enc + sigmoid(pe_gate) x
+        sinusoids) (guide §6)."""
+        enc = self._check_memory(enc)
+        return B.fake_quant_int8(enc + self.pe_gate * sinusoids(enc.shape[0], self.dims.width))
+
+    def start(self, enc: np.ndarray, beams: int = 5) -> DecoderState:
+        """A fresh decode over the encoder output `enc` (frames, width) float32, room for `beams`
+        rows. Projects each kept layer's cross-attention K/V once."""
+        if not isinstance(beams, (int, np.integer)) or beams < 1:
+            raise ValueError(f"beams must be a positive integer, got {beams!r}")
+        d = self.dims
+        mem = self.memory(enc)
+        frames = mem.shape[0]
+        cross_k, cross_v = [], []
+        for layer in self.layers:
+            k = B.zc_rmsnorm(layer.ck(mem).reshape(frames, d.heads, d.qk_dim), layer.ck_norm)
+            v = layer.cv(mem).reshape(frames, d.heads, d.v_dim)
+            cross_k.append(np.ascontiguousarray(_head_quant(k).transpose(1, 0, 2)))
+            cross_v.append(np.ascontiguousarray(_head_quant(v).transpose(1, 0, 2)))
+        cap, T = int(beams), d.max_tokens
+        depth = max(d.taps - 1, 0)
+        tap_hist = [[np.zeros((cap, depth, n), np.float32)
+                     for n in (d.heads * d.qk_dim, d.kv_heads * d.qk_dim, d.kv_heads * d.v_dim)]
+                    for _ in self.layers]
+        return DecoderState(
+            frames=frames, capacity=cap, rows=1, position=0, cross_k=cross_k, cross_v=cross_v,
+            k_pool=[np.zeros((T, cap, d.kv_heads, d.qk_dim), np.float32) for _ in self.layers],
+            v_pool=[np.zeros((T, cap, d.kv_heads, d.v_dim), np.float32) for _ in self.layers],
+            anc=np.zeros((cap, T), np.int32), tap_hist=tap_hist,
+            engram_hist={s: np.zeros((cap, self.engram_depth, d.width), np.float32) for s in self.engrams},
+            token_hist=np.zeros((cap, max(max(self.orders, default=1) - 1, 0)), np.int64),
+            scores=np.empty(T, np.float32))
+
+    def feed(self, state: DecoderState, tokens) -> np.ndarray:
+        """Feed a run of tokens (S,) to every live row (the prompt); returns (rows, S, vocab)."""
+        tokens = np.asarray(tokens).reshape(-1)
+        tokens = self._check_tokens(tokens, state, tokens.shape[0])
+        return self._forward(state, np.broadcast_to(tokens[None, :], (state.rows, tokens.shape[0])))
+
+    def step(self, state: DecoderState, parents, tokens) -> np.ndarray:
+        """Reorder the beams to `parents` (row indices into the current rows), then feed one token per
+        row. Returns (rows, vocab) float32 next-token logits over every vocabulary id."""
+        parents = np.asarray(parents)
+        if parents.ndim != 1 or not np.issubdtype(parents.dtype, np.integer) or parents.shape[0] == 0:
+            raise ValueError(f"parents must be a non-empty 1-D integer array, got {parents!r}")
+        if parents.shape[0] > state.capacity:
+            raise ValueError(f"{parents.shape[0]} rows exceed the state's {state.capacity} beams")
+        if parents.min() < 0 or parents.max() >= state.rows:
+            raise ValueError(f"parents must index the {state.rows} current rows, got {parents.tolist()}")
+        tokens = self._check_tokens(np.asarray(tokens).reshape(-1), state, 1)
+        if tokens.shape[0] != parents.shape[0]:
+            raise ValueError(f"{tokens.shape[0]} tokens for {parents.shape[0]} parents; one token per row")
+        self._reorder(state, parents.astype(np.int64))
+        return self._forward(state, tokens[:, None])[:, 0]
+
+    def advance_fn(self, state: DecoderState) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """The search callback: advance(parents, tokens) -> (rows, vocab) logits (search.py)."""
+        return lambda parents, tokens: self.step(state, parents, tokens)
+
+    def logits(self, enc: np.ndarray, tokens) -> np.ndarray:
+        """Teacher-forced logits (len(tokens), vocab) float32: row i is the next-token distribution
+        after tokens[:i + 1]; tokens is the whole decoder input, <s> first."""
+        state = self.start(enc, beams=1)
+        return self.feed(state, tokens)[0]
+
+    def cross_attention_weights(self, enc: np.ndarray, tokens, layers=None) -> np.ndarray:
+        """Teacher-forced cross-attention weights (len(layers) * heads, len(tokens), frames) of the
+        given kept layers (file indices; default `alignment_layers`), layer-major then head."""
+        layers = self.alignment_layers if layers is None else tuple(int(i) for i in layers)
+        missing = [i for i in layers if i not in self.kept]
+        if missing:
+            raise ValueError(f"layers {missing} are not among the kept decoder layers {self.kept}")
+        state = self.start(enc, beams=1)
+        tokens = np.asarray(tokens).reshape(-1)
+        tokens = self._check_tokens(tokens, state, tokens.shape[0])
+        collected: dict[int, np.ndarray] = {}
+        self._forward(state, tokens[None, :], collect=(set(layers), collected))
+        d = self.dims
+        out = [collected[i].reshape(len(tokens), d.heads, state.frames).transpose(1, 0, 2) for i in layers]
+        return np.concatenate(out, axis=0) if out else np.zeros((0, len(tokens), state.frames), np.float32)
+
+    # ---------------------------------------------------------------- checks
+
+    def _check_memory(self, enc) -> np.ndarray:
+        enc = np.asarray(enc)
+        w = self.dims.width
+        if enc.ndim != 2 or enc.shape[1] != w or enc.shape[0] == 0:
+            raise ValueError(f"encoder output must be a (frames, {w}) array with frames >= 1, got {enc.shape}")
+        enc = np.ascontiguousarray(enc, np.float32)
+        if not np.isfinite(enc).all():
+            raise ValueError("encoder output contains NaN or infinite values")
+        return enc
+
+    def _check_tokens(self, tokens: np.ndarray, state: DecoderState, positions: int) -> np.ndarray:
+        """tokens: ids to feed, `positions` new positions per row."""
+        d = self.dims
+        if tokens.size == 0 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"tokens must be a non-empty integer array, got {tokens!r}")
+        if tokens.min() < 0 or tokens.max() >= d.vocab:
+            raise ValueError(f"token ids must be in [0, {d.vocab}), got {tokens.min()}..{tokens.max()}")
+        needed = state.position + positions
+        if needed > d.max_tokens:
+            raise ValueError(f"the decoder holds at most {d.max_tokens} positions; {needed} requested")
+        return tokens.astype(np.int64)
+
+    # ---------------------------------------------------------------- internals
+
+    def _reorder(self, state: DecoderState, parents: np.ndarray) -> None:
+        """Make row b the continuation of old row parents[b]: the block table rows and the short
+        histories are gathered; the KV pool itself is untouched."""
+        rows = parents.shape[0]
+        if rows == state.rows and np.array_equal(parents, np.arange(rows)):
+            return
+        t = state.position
+        state.anc[:rows, :t] = state.anc[parents, :t]
+        for hist in state.tap_hist:
+            for h in hist:
+                h[:rows] = h[parents]
+        for h in state.engram_hist.values():
+            h[:rows] = h[parents]
+        state.token_hist[:rows] = state.token_hist[parents]
+        state.rows = rows
+
+    def _engram_rows(self, state: DecoderState, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Hashed n-gram table indices (B, S, tables) and their validity (B, S, tables) for the new
+        positions (needle `engram_indices`: uint32 arithmetic, tokens before the start read as 0)."""
+        rows, n_new = tokens.shape
+        start = state.position
+        hist = state.token_hist[:rows]
+        seq = np.concatenate([hist, tokens], axis=1).astype(np.uint32)  # (B, H + S)
+        depth = hist.shape[1]
+        slots = np.uint32(self.dims.engram_slots)
+        prime = np.uint32(ENGRAM_PRIME)
+        idx, ok = [], []
+        positions = start + np.arange(n_new)
+        for oi, order in enumerate(self.orders):
+            for h in range(self.hashes):
+                seed = np.uint32((ENGRAM_SEED * (oi * self.hash_stride + h + 1)) & 0xFFFFFFFF)
+                acc = np.full((rows, n_new), seed, np.uint32)
+                for j in range(order):
+                    acc = (acc ^ seq[:, depth - j: depth - j + n_new]) * prime
+                acc = acc ^ (acc >> np.uint32(ENGRAM_SHIFT))
+                idx.append((acc % slots).astype(np.int64))
+                ok.append(np.broadcast_to(positions >= order - 1, (rows, n_new)))
+        return np.stack(idx, axis=-1), np.stack(ok, axis=-1)
+
+    def _engram(self, state, site: int, idx: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(key, value) rows (B*S, width) of one engram site for the new positions."""
+        e = self.engrams[site]
+        rows, n_new, tables = idx.shape
+        d = self.dims
+        table_rows = (np.arange(tables) * d.engram_slots)[None, None, :] + idx
+        fetched = e.fetch(np.ascontiguousarray(table_rows.reshape(-1)))  # (B*S*tables, sub)
+        fetched *= ok.reshape(-1, 1)
+        fetched = B.fake_quant_int8(fetched.reshape(rows * n_new, tables * e.sub_dim))
+        key = e.key(fetched)
+        raw = e.value(fetched).reshape(rows, n_new, d.width)
+        value = np.empty_like(raw)
+        hist = state.engram_hist[site]
+        _causal_taps(raw, np.ascontiguousarray(hist[:rows]), e.taps, d.engram_dilation, state.position, value)
+        _push_history(hist, rows, raw)
+        return key, value.reshape(rows * n_new, d.width)
+
+    def _forward(self, state: DecoderState, tokens: np.ndarray, collect=None) -> np.ndarray:
+        """Feed tokens (B, S) at positions position .. position+S-1 of the B live rows; returns the
+        logits (B, S, vocab)."""
+        d = self.dims
+        rows, n_new = tokens.shape
+        start = state.position
+        state.anc[:rows, start:start + n_new] = np.arange(rows, dtype=np.int32)[:, None]
+        x = self.embedding[tokens.reshape(-1)] * self.embed_scale  # (B*S, width)
+
+        engram = {}
+        if self.engrams:
+            idx, ok = self._engram_rows(state, tokens)
+            for site in self.engrams:
+                engram[site] = self._engram(state, site, idx, ok)
+        if state.token_hist.shape[1]:
+            _push_history(state.token_hist, rows, tokens)
+
+        pos = start + np.arange(n_new)
+        cos = np.ascontiguousarray(np.broadcast_to(self.rope_cos[pos][None], (rows, n_new, d.qk_dim // 2))
+                                   .reshape(rows * n_new, -1))
+        sin = np.ascontiguousarray(np.broadcast_to(self.rope_sin[pos][None], (rows, n_new, d.qk_dim // 2))
+                                   .reshape(rows * n_new, -1))
+        ctx = _StepContext(state, rows, n_new, start, cos, sin, engram, collect)
+        stream = self.lanes.expand(x)
+        for li, layer in enumerate(self.layers):
+            stream = self.lanes.step(layer.index, stream, lambda u, li=li, layer=layer: self._block(ctx, li, layer, u),
+                                     position=layer.position)
+        out = B.fake_quant_int8(self.lanes.collapse(stream))
+        logits = self.head(out)
+        state.position = start + n_new
+        return logits.reshape(rows, n_new, d.vocab)
+
+    def _block(self, ctx: "_StepContext", li: int, layer: _Layer, x: np.ndarray) -> np.ndarray:
+        """One decoder block on the rows (B*S, width); residual included (guide §6)."""
+        d = self.dims
+        state, rows, n_new, start = ctx.state, ctx.rows, ctx.n_new, ctx.start
+        n = rows * n_new
+        if layer.site is not None and layer.site in ctx.engram:
+            key, value = ctx.engram[layer.site]
+            score = np.einsum("rd,rd->r", B.rms_unit(x), B.rms_unit(key)) / self.embed_scale
+            x = x + B.sigmoid(score)[:, None] * value
+
+        # causal self-attention
+        h = B.fake_quant_int8(B.zc_rmsnorm(x, layer.norm_in))
+        q, k, v = layer.q(h), layer.k(h), layer.v(h)
+        if layer.taps:
+            hq, hk, hv = state.tap_hist[li]
+            q = _tapped(q, hq, layer.q_taps, rows, n_new, start)
+            k = _tapped(k, hk, layer.k_taps, rows, n_new, start)
+            v = _tapped(v, hv, layer.v_taps, rows, n_new, start)
+        q = B.zc_rmsnorm(q.reshape(n, d.heads, d.qk_dim), layer.q_norm)
+        k = B.zc_rmsnorm(k.reshape(n, d.kv_heads, d.qk_dim), layer.k_norm)
+        q = _head_quant(B.apply_rope(q, ctx.cos, ctx.sin))
+        k = _head_quant(B.apply_rope(k, ctx.cos, ctx.sin))
+        v = _head_quant(v.reshape(n, d.kv_heads, d.v_dim))
+        kp, vp = state.k_pool[li], state.v_pool[li]
+        kp[start:start + n_new, :rows] = k.reshape(rows, n_new, d.kv_heads, d.qk_dim).transpose(1, 0, 2, 3)
+        vp[start:start + n_new, :rows] = v.reshape(rows, n_new, d.kv_heads, d.v_dim).transpose(1, 0, 2, 3)
+        att = np.empty((rows, n_new, d.heads, d.v_dim), np.float32)
+        _attend_pool(q.reshape(rows, n_new, d.heads, d.qk_dim), kp, vp, state.anc, start,
+                     self.q_scale, self.logit_scale, state.scores, att)
+        att = att.reshape(n, d.heads * d.v_dim) * B.sigmoid(layer.gate(h))
+        att = layer.out(B.fake_quant_int8(att))
+        x = x + layer.attn_gate * B.zc_rmsnorm(att, layer.post_norm)
+
+        # cross-attention over the clip's memory
+        h = B.fake_quant_int8(B.zc_rmsnorm(x, layer.cross_norm))
+        q = _head_quant(B.zc_rmsnorm(layer.cq(h).reshape(n, d.heads, d.qk_dim), layer.cq_norm))
+        weights = np.empty((n, d.heads, state.frames), np.float32)
+        att = np.empty((n, d.heads, d.v_dim), np.float32)
+        _attend_memory(q, state.cross_k[li], state.cross_v[li], self.q_scale, self.logit_scale, weights, att)
+        if ctx.collect is not None and layer.index in ctx.collect[0]:
+            ctx.collect[1][layer.index] = weights
+        att = att.reshape(n, d.heads * d.v_dim) * B.sigmoid(layer.cgate(h))
+        att = layer.cout(B.fake_quant_int8(att))
+        x = x + layer.cross_gate * B.zc_rmsnorm(att, layer.post_cross_norm)
+
+        return x + layer.mlp(B.zc_rmsnorm(x, layer.pre_hada))
+
+
+@dataclass(eq=False)
+class _StepContext:
+    state: DecoderState
+    rows: int
+    n_new: int
+    start: int
+    cos: np.ndarray
+    sin: np.ndarray
+    engram: dict
+    collect: tuple | None
+
+
+def _tapped(raw: np.ndarray, hist: np.ndarray, taps: np.ndarray, rows: int, n_new: int, start: int) -> np.ndarray:
+    """Causal conv taps (dilation 1) of projected rows (B*S, D), continuing each row's history,
+    which is then advanced past the new rows."""
+    raw = raw.reshape(rows, n_new, -1)
+    out = np.empty_like(raw)
+    _causal_taps(raw, np.ascontiguousarray(hist[:rows]), taps, 1, start, out)
+    _push_history(hist, rows, raw)
+    return out.reshape(rows * n_new, -1)
+
+
+def _push_history(hist: np.ndarray, rows: int, new: np.ndarray) -> None:
+    """hist (capacity, H, ...) keeps the last H entries of each row: append new (rows, S, ...)."""
+    depth = hist.shape[1]
+    if depth == 0:
+        return
+    n_new = new.shape[1]
+    if n_new >= depth:
+        hist[:rows] = new[:, n_new - depth:]
+    else:
+        hist[:rows, : depth - n_new] = hist[:rows, n_new:].copy()
+        hist[:rows, depth - n_new:] = new

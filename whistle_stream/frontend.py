@@ -1,0 +1,254 @@
+"""Audio in, log-mel features out: the engine's front end (guide §3) and silence gate (§8).
+
+Every function takes float32 samples at the model rate (16 kHz) in [-1, 1] unless it says
+otherwise. `load_audio` is the public door for arrays, WAV files and WAV bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .errors import AudioError
+
+MODEL_RATE = 16000  # samples per second every model in this family expects (audio manifest `rate`)
+BAD_SAMPLE = 65536.0  # §3.1: samples of this magnitude or more read as zero
+LEVEL_BLOCK = 320  # §3.2: level gain block length, samples
+LEVEL_QUANTILE = 0.99  # §3.2: the loud block, by selection
+LEVEL_TARGET = 0.1  # §3.2: the loud block's RMS after the gain
+LEVEL_FLOOR = 1e-6  # §3.2: below this the clip is left alone
+LOG_FLOOR = 2.0 ** -24  # §3.7: log(x + 2^-24)
+STD_EPS = 1e-5  # §3.8: (x - mean) / (std + 1e-5)
+GATE_BAND_HZ = (250.0, 3500.0)  # §8: bands whose filters lie inside this range feed the gate
+GATE_QUANTILES = (0.99, 0.10)  # §8: loud and quiet frame, by the same selection rule as §3.2
+GATE_MARGIN_DB = 5.0  # §8: speech only when the loud frame is this far above the quiet one
+GATE_POWER_FLOOR = 1e-20  # keeps log10 finite on digital silence; far below any real frame
+MAX_CHANNELS = 8
+_WAVE_PCM, _WAVE_FLOAT, _WAVE_EXTENSIBLE = 1, 3, 0xFFFE
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_audio(audio, rate: int | None = None) -> np.ndarray:
+    """Any supported audio -> float32 mono samples at 16 kHz.
+
+    audio: a float32/float64 array in [-1, 1], an int16 array (scaled by 1/32768), a WAV file
+    path, or the bytes of a WAV file. Arrays are 1-D, or 2-D (samples, channels) with up to 8
+    channels, which are averaged. rate: the array's sample rate in Hz (default 16000; other rates
+    are resampled with soxr); a WAV carries its own rate, so `rate` must not be given with one.
+    NaN, infinite and |x| >= 65536 samples are zeroed (§3.1) before any resampling.
+    Raises AudioError naming what was wrong and what is accepted.
+    """
+    if isinstance(audio, (str, os.PathLike)):
+        if rate is not None:
+            raise AudioError("rate= applies to arrays only; a WAV file's rate is read from its header")
+        path = Path(audio)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise AudioError(f"cannot read audio file {path}: {e.strerror or e}") from e
+        samples, rate = _decode_wav(data, str(path))
+    elif isinstance(audio, (bytes, bytearray, memoryview)):
+        if rate is not None:
+            raise AudioError("rate= applies to arrays only; WAV bytes carry their own rate")
+        samples, rate = _decode_wav(bytes(audio), "WAV bytes")
+    elif isinstance(audio, np.ndarray):
+        samples = _array_samples(audio)
+    else:
+        raise AudioError(
+            f"unsupported audio of type {type(audio).__name__}; pass a NumPy array "
+            "(float32, float64 or int16), a WAV file path, or WAV bytes")
+    samples = sanitize(_to_mono(samples))
+    rate = MODEL_RATE if rate is None else rate
+    if not isinstance(rate, (int, np.integer)) or isinstance(rate, bool) or rate <= 0:
+        raise AudioError(f"rate must be a positive integer number of samples per second, got {rate!r}")
+    if rate != MODEL_RATE and len(samples):
+        import soxr
+
+        samples = soxr.resample(samples, int(rate), MODEL_RATE).astype(np.float32)
+    return np.ascontiguousarray(samples, dtype=np.float32)
+
+
+def _array_samples(a: np.ndarray) -> np.ndarray:
+    if a.dtype == np.int16:
+        a = a.astype(np.float32) / np.float32(32768.0)
+    elif a.dtype in (np.float32, np.float64):
+        a = a.astype(np.float32)
+    else:
+        raise AudioError(f"audio arrays must be float32, float64 or int16, got {a.dtype}")
+    if a.ndim not in (1, 2):
+        raise AudioError(f"audio arrays must be 1-D (mono) or 2-D (samples, channels), got shape {a.shape}")
+    return a
+
+
+def _to_mono(a: np.ndarray) -> np.ndarray:
+    if a.ndim == 1:
+        return a
+    if a.shape[1] > MAX_CHANNELS:
+        raise AudioError(
+            f"a 2-D audio array is (samples, channels) with at most {MAX_CHANNELS} channels, got shape {a.shape}")
+    return a.mean(axis=1, dtype=np.float32) if a.shape[1] > 1 else a[:, 0]
+
+
+def _decode_wav(data: bytes, what: str) -> tuple[np.ndarray, int]:
+    """RIFF/WAVE bytes -> ((samples, channels) float32, rate). PCM 8/16/24/32-bit and float 32/64."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise AudioError(f"{what}: not a WAV file (no RIFF/WAVE header); WAV is the only file format read")
+    fmt = body = None
+    pos = 12
+    while pos + 8 <= len(data):
+        cid, size = data[pos:pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        chunk = data[pos + 8:pos + 8 + size]
+        if cid == b"fmt ":
+            fmt = chunk
+        elif cid == b"data":
+            body = chunk
+        pos += 8 + size + (size & 1)
+    if fmt is None or len(fmt) < 16 or body is None:
+        raise AudioError(f"{what}: WAV file without a valid 'fmt ' or 'data' chunk")
+    tag, channels, rate, _, align, bits = struct.unpack_from("<HHIIHH", fmt)
+    if tag == _WAVE_EXTENSIBLE and len(fmt) >= 26:
+        tag = struct.unpack_from("<H", fmt, 24)[0]
+    if channels < 1 or rate < 1 or align < 1:
+        raise AudioError(f"{what}: WAV header says {channels} channels at {rate} Hz")
+    width = align // channels
+    frames = len(body) // align
+    raw = np.frombuffer(body[:frames * align], np.uint8).reshape(frames, channels, width)
+    if tag == _WAVE_FLOAT and width in (4, 8):
+        samples = raw.copy().view("<f4" if width == 4 else "<f8").reshape(frames, channels).astype(np.float32)
+    elif tag == _WAVE_PCM and width == 1:
+        samples = (raw[..., 0].astype(np.float32) - 128.0) / 128.0
+    elif tag == _WAVE_PCM and width in (2, 3, 4):
+        # Little-endian signed integers of `width` bytes, placed in the top of an int32.
+        wide = np.zeros((frames, channels, 4), np.uint8)
+        wide[..., 4 - width:] = raw
+        samples = (wide.view("<i4")[..., 0].astype(np.float64) / 2.0 ** 31).astype(np.float32)
+    else:
+        raise AudioError(
+            f"{what}: unsupported WAV encoding (format tag {tag}, {bits} bits); "
+            "read are PCM 8/16/24/32-bit and IEEE float 32/64-bit")
+    return samples, rate
+
+
+# ---------------------------------------------------------------- §3 front end
+
+
+def sanitize(pcm: np.ndarray) -> np.ndarray:
+    """§3.1: NaN, infinite and |x| >= 65536 samples read as zero. float32 copy."""
+    pcm = np.array(pcm, dtype=np.float32, copy=True)
+    with np.errstate(invalid="ignore"):
+        pcm[~(np.abs(pcm) < BAD_SAMPLE)] = 0.0
+    return pcm
+
+
+def _select(values: np.ndarray, quantile: float) -> float:
+    """The element at index floor(quantile * (n - 1)) of the sorted values (a selection, not
+    an interpolated percentile, §3.2)."""
+    k = int(quantile * (len(values) - 1))
+    return float(np.partition(values, k)[k])
+
+
+def level_gain(pcm: np.ndarray) -> float:
+    """§3.2: the factor that brings the clip's loud 320-sample block to RMS 0.1 (1.0 when the
+    loud block is at or below 1e-6, or the clip is shorter than one block)."""
+    blocks = len(pcm) // LEVEL_BLOCK
+    if blocks == 0:
+        return 1.0
+    x = np.asarray(pcm[:blocks * LEVEL_BLOCK], np.float64).reshape(blocks, LEVEL_BLOCK)
+    loud = _select(np.sqrt((x * x).mean(axis=1)), LEVEL_QUANTILE)
+    return LEVEL_TARGET / loud if loud > LEVEL_FLOOR else 1.0
+
+
+def apply_level(pcm: np.ndarray) -> np.ndarray:
+    """pcm scaled by `level_gain` (product in float64, rounded to float32 once)."""
+    gain = level_gain(pcm)
+    if gain == 1.0:
+        return np.array(pcm, dtype=np.float32, copy=True)
+    return (np.asarray(pcm, np.float64) * gain).astype(np.float32)
+
+
+def hann_symmetric(win: int) -> np.ndarray:
+    """§3.4: 0.5 - 0.5 cos(2 pi i / (win - 1)), i = 0 .. win - 1 (not the periodic window)."""
+    i = np.arange(win, dtype=np.float64)
+    return (0.5 - 0.5 * np.cos(2.0 * np.pi * i / (win - 1))).astype(np.float32)
+
+
+def power_spectrum(pcm: np.ndarray, hop: int, win: int, fft: int) -> np.ndarray:
+    """§3.3-3.5: (samples // hop, fft // 2 + 1) float32 power re^2 + im^2 of the symmetric-Hann
+    windowed frames; frame t reads samples hop*t - win/2 .. hop*t + win/2 - 1, zero outside."""
+    frames = len(pcm) // hop
+    if frames == 0:
+        return np.zeros((0, fft // 2 + 1), np.float32)
+    half = win // 2
+    padded = np.zeros(frames * hop + win, np.float32)
+    n = min(len(pcm), len(padded) - half)
+    padded[half:half + n] = pcm[:n]
+    view = np.lib.stride_tricks.sliding_window_view(padded, win)[::hop][:frames]
+    # numpy's float64 real FFT of an already zero-padded frame is ~3x faster than its float32
+    # path with n= padding, and more exact.
+    framed = np.zeros((frames, fft), np.float64)
+    np.multiply(view, hann_symmetric(win), out=framed[:, :win])
+    spec = np.fft.rfft(framed, axis=1)
+    power = np.square(spec.real)
+    power += np.square(spec.imag)
+    return power.astype(np.float32)
+
+
+def log_mel(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int) -> np.ndarray:
+    """§3.3-3.8: (samples // hop, mels) float32 normalised log-mel features of a clip.
+
+    mel is the file's (fft // 2 + 1, mels) filterbank; pcm is taken as already sanitised and
+    levelled. Each channel is standardised over the clip with the n - 1 standard deviation.
+    """
+    fft = 2 * (mel.shape[0] - 1)
+    power = power_spectrum(pcm, hop, win, fft)
+    x = np.log(power @ mel + np.float32(LOG_FLOOR))
+    if len(x) == 0:
+        return x.astype(np.float32)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=0)
+    std = np.sqrt(((x64 - mean) ** 2).sum(axis=0) / max(len(x) - 1, 1))
+    return ((x64 - mean) / (std + STD_EPS)).astype(np.float32)
+
+
+def features(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int) -> np.ndarray:
+    """The whole §3 front end: sanitise, level, log-mel. float32 16 kHz in, (frames, mels) out."""
+    return log_mel(apply_level(sanitize(pcm)), mel, hop, win)
+
+
+# ---------------------------------------------------------------- §8 silence gate
+
+
+def gate_bands(mel: np.ndarray, rate: int) -> np.ndarray:
+    """Indices of the mel bands whose filter (its non-zero bins) lies within 250-3500 Hz."""
+    bins = mel.shape[0]
+    freqs = np.arange(bins) * (rate / 2.0) / (bins - 1)
+    keep = []
+    for band in range(mel.shape[1]):
+        support = freqs[mel[:, band] > 0]
+        if len(support) and support.min() >= GATE_BAND_HZ[0] and support.max() <= GATE_BAND_HZ[1]:
+            keep.append(band)
+    return np.asarray(keep, np.int64)
+
+
+def silence_gate_db(pcm: np.ndarray, mel: np.ndarray, rate: int, hop: int, win: int) -> float:
+    """§8: how far (dB) the loud frame (99th by selection) sits above the quiet one (10th) in
+    per-frame power summed over the gate's mel bands. 0.0 for digital silence or no frames."""
+    if not np.any(pcm):
+        return 0.0
+    fft = 2 * (mel.shape[0] - 1)
+    power = power_spectrum(pcm, hop, win, fft)
+    if len(power) == 0:
+        return 0.0
+    band = power @ mel[:, gate_bands(mel, rate)].sum(axis=1)
+    db = 10.0 * np.log10(band.astype(np.float64) + GATE_POWER_FLOOR)
+    return _select(db, GATE_QUANTILES[0]) - _select(db, GATE_QUANTILES[1])
+
+
+def is_speech(pcm: np.ndarray, mel: np.ndarray, rate: int, hop: int, win: int) -> bool:
+    """§8: False when the clip should return empty text without decoding (silence, steady noise)."""
+    return silence_gate_db(pcm, mel, rate, hop, win) >= GATE_MARGIN_DB

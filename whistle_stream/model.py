@@ -1,0 +1,254 @@
+"""`Whistle`: the public engine API — embed, transcribe, logits, streaming.
+
+One `Whistle` holds one model's read-only weights and may be shared by many threads and streams;
+every call allocates its own scratch. Kernels release the GIL, so passes on worker threads run in
+parallel.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import frontend
+from .alignment import word_times
+from .container import CactFile
+from .decoder import Decoder
+from .encoder import Encoder
+from .keywords import KeywordBiaser, parse_keywords
+from .longform import cut_point
+from .models import resolve_model
+from .search import beam_search
+from .tokenizer import Tokenizer
+
+WINDOW_S = 30.0  # guide §8: up to 30 s is one pass; longer audio runs as 30 s windows
+
+
+class Whistle:
+    """A loaded Whistle model.
+
+    Whistle(path=None, audio_depth=None): path to a .cact (None resolves the default model:
+    $WHISTLE_MODEL, the downloaded full model, then the bundled demo model); audio_depth keeps
+    that many decoder layers by the ladder order (guide §6).
+    """
+
+    def __init__(self, path: str | Path | None = None, audio_depth: int | None = None):
+        resolved = resolve_model(path)
+        self.path = Path(resolved.path)
+        self.kind = resolved.kind
+        self.cact = CactFile(self.path)
+        self.dims = self.cact.dims
+        self.tokenizer = Tokenizer.from_blob(self.cact.tokenizer_blob)
+        self.mel = np.ascontiguousarray(self.cact.mel)
+        self.encoder = Encoder(self.cact)
+        self.decoder = Decoder(self.cact, depth=audio_depth)
+        self._special = [i for i in range(self.dims.vocab) if self.tokenizer.is_special(i)]
+        self._biasers: dict[tuple[str, ...], KeywordBiaser] = {}
+        self._biaser_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        return self.dims.languages
+
+    # ---- audio -----------------------------------------------------------------------------
+    def load_audio(self, audio, rate: int | None = None) -> np.ndarray:
+        """float32 16 kHz mono samples from an array (float or int16), a WAV path or WAV bytes."""
+        return frontend.load_audio(audio, rate)
+
+    def is_speech(self, pcm: np.ndarray) -> bool:
+        """The engine's silence gate (§8) on float32 samples at the model rate."""
+        d = self.dims
+        return frontend.is_speech(frontend.sanitize(pcm), self.mel, d.rate, d.hop, d.win)
+
+    def check_language(self, language: str | None) -> str | None:
+        if language is None:
+            return None
+        if not isinstance(language, str) or language not in self.dims.languages:
+            raise ValueError(f"unknown language {language!r}; this model knows {', '.join(self.dims.languages)}")
+        return language
+
+    def parse_keywords(self, keywords) -> list[str]:
+        return parse_keywords(keywords)
+
+    # ---- encoder ---------------------------------------------------------------------------
+    def embed(self, audio) -> np.ndarray:
+        """Encoder output (frames, width) float32, one row per 80 ms (guide §1). Empty audio or
+        audio shorter than one frame gives an empty (0, width) array."""
+        return self._encode(self.load_audio(audio))
+
+    def _encode(self, pcm: np.ndarray) -> np.ndarray:
+        d = self.dims
+        if len(pcm) < d.hop:
+            return np.zeros((0, d.width), np.float32)
+        feats = frontend.features(pcm, self.mel, d.hop, d.win)
+        return self.encoder.encode(feats)
+
+    # ---- decoder ---------------------------------------------------------------------------
+    def logits(self, audio, tokens) -> np.ndarray:
+        """Teacher-forced next-token logits (len(tokens), vocab) float32; tokens start with <s>."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if len(tokens) == 0:
+            raise ValueError("tokens must hold at least <s>")
+        enc = self.embed(audio)
+        if len(enc) == 0:
+            raise ValueError("audio is shorter than one encoder frame; nothing to attend to")
+        return self.decoder.logits(enc, tokens)
+
+    def _biaser(self, keywords) -> KeywordBiaser | None:
+        phrases = tuple(parse_keywords(keywords))
+        if not phrases:
+            return None
+        with self._biaser_lock:
+            biaser = self._biasers.get(phrases)
+            if biaser is None:
+                biaser = KeywordBiaser.build(phrases, self.tokenizer, self._special)
+                if len(self._biasers) > 64:
+                    self._biasers.clear()
+                self._biasers[phrases] = biaser
+        return biaser
+
+    def _decode(self, pcm: np.ndarray, language: str | None, biaser, beams: int, words: bool) -> dict:
+        """One window (<= 30 s) of speech: encoder, prompt, search, optionally word times."""
+        t0 = time.perf_counter()
+        d = self.dims
+        enc = self._encode(pcm)
+        if len(enc) == 0:
+            return {"tokens": [], "text": "", "language": language or "", "words": [], "ttft": 0.0,
+                    "decode_s": 0.0}
+        state = self.decoder.start(enc, beams=beams)
+        first = self.decoder.feed(state, [d.bos])[0, -1]
+        if language is None:
+            language = d.languages[int(np.argmax(first[d.first_tag:d.first_tag + len(d.languages)]))]
+        tag = d.language_id(language)
+        logits = self.decoder.feed(state, [tag])[0, -1]
+        ttft = time.perf_counter() - t0
+        result = beam_search(logits, self.decoder.advance_fn(state), first_tag=d.first_tag, eos=d.eos,
+                             max_len=d.max_tokens, beams=beams, biaser=biaser)
+        decode_s = time.perf_counter() - t0 - ttft
+        out = {"tokens": result.tokens, "text": self.tokenizer.decode(result.tokens).strip(),
+               "language": language, "ttft": ttft, "decode_s": decode_s, "words": []}
+        if words and result.tokens:
+            prompt = [d.bos, tag]
+            weights = self.decoder.cross_attention_weights(enc, prompt + list(result.tokens))
+            # Row p of the weights is the query that predicts token p + 1: take the rows that
+            # predict each transcript token (guide §8, as whisper's timing does).
+            weights = weights[:, len(prompt) - 1:len(prompt) - 1 + len(result.tokens)]
+            probs = np.exp(np.asarray(result.token_logprobs, np.float64))
+            out["words"] = word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds,
+                                      0.0, duration_s=len(pcm) / d.rate)
+        return out
+
+    def transcribe(self, audio, language: str | None = None, keywords=None, word_timestamps: bool = False,
+                   beams: int = 5) -> dict:
+        """Transcribe a clip of any length.
+
+        Returns {"text", "language", "ttft_ms", "decode_tps"} (+ "words": [{word, start, end,
+        probability}] in seconds from the clip start when word_timestamps). Audio the silence gate
+        (§8) stops returns empty text and language without decoding.
+        """
+        t0 = time.perf_counter()
+        language = self.check_language(language)
+        beams = _check_beams(beams)
+        biaser = self._biaser(keywords)
+        pcm = self.load_audio(audio)
+        d = self.dims
+        window = int(WINDOW_S * d.rate)
+        if not self.is_speech(pcm):
+            return _result("", "", 0.0, 0.0, 0, [] if word_timestamps else None)
+        if len(pcm) <= window:
+            r = self._decode(pcm, language, biaser, beams, word_timestamps)
+            return _result(r["text"], r["language"], r["ttft"], r["decode_s"], len(r["tokens"]),
+                           r["words"] if word_timestamps else None)
+        return self._transcribe_long(pcm, language, biaser, beams, word_timestamps, t0)
+
+    def _transcribe_long(self, pcm, language, biaser, beams, word_timestamps, t0) -> dict:
+        """Guide §8: 30 s windows, each cut at its last sentence end / word end; next starts there."""
+        d = self.dims
+        window = int(WINDOW_S * d.rate)
+        start, words, texts, tokens = 0, [], [], 0
+        ttft, decode_s = None, 0.0
+        while start < len(pcm):
+            chunk = pcm[start:start + window]
+            offset = start / d.rate
+            last = start + len(chunk) >= len(pcm)
+            if not self.is_speech(chunk):
+                start += len(chunk)
+                continue
+            r = self._decode(chunk, language, biaser, beams, True)
+            language = language or r["language"]
+            ttft = r["ttft"] if ttft is None else ttft
+            decode_s += r["decode_s"]
+            tokens += len(r["tokens"])
+            chunk_words = r["words"]
+            if last:
+                cut_s = len(chunk) / d.rate
+            else:
+                cut_s = cut_point(chunk_words, len(chunk) / d.rate)
+            kept = chunk_words if last else [w for w in chunk_words if w["end"] <= cut_s + 1e-6]
+            if not last and not kept:
+                cut_s = len(chunk) / d.rate  # nothing ends before the cut: keep the window whole
+                kept = chunk_words
+            for w in kept:
+                words.append({**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)})
+            texts.extend(w["word"] for w in kept)
+            start += max(int(round(cut_s * d.rate)), d.samples_per_frame)
+        return _result(" ".join(texts), language or "", ttft or 0.0, decode_s, tokens,
+                       words if word_timestamps else None)
+
+    def transcribe_words(self, audio, language: str | None = None, keywords=None, beams: int | None = None) -> dict:
+        """One streaming pass (<= 30 s): {"speech", "language", "text", "words"} with word times."""
+        pcm = self.load_audio(audio)
+        if not self.is_speech(pcm):
+            return {"speech": False, "language": language or "", "text": "", "words": []}
+        r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], self.check_language(language),
+                         self._biaser(keywords), _check_beams(beams or 5), True)
+        return {"speech": True, "language": r["language"], "text": r["text"], "words": r["words"]}
+
+    # ---- streaming -------------------------------------------------------------------------
+    def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0):
+        """A live stream (issue 7): feed(audio) / finalize() / finish() -> dicts."""
+        from .streaming import StreamSession
+
+        return StreamSession(self, language=language, keywords=keywords, step_s=step_s)
+
+    def stream(self, chunks, language: str | None = None, keywords=None, step_s: float = 1.0):
+        """Generator: one dict per chunk of audio, then the final dict (like needle.Whistle.stream)."""
+        from .streaming import stream
+
+        return stream(self, chunks, language=language, keywords=keywords, step_s=step_s)
+
+    def warmup(self) -> float:
+        """Compile/load every kernel on a short synthetic clip; returns the seconds it took."""
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(0)
+        t = np.arange(self.dims.rate) / self.dims.rate
+        pcm = (0.1 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))
+               + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+        enc = self._encode(pcm)
+        state = self.decoder.start(enc, beams=5)
+        logits = self.decoder.feed(state, [self.dims.bos, self.dims.first_tag])[0, -1]
+        beam_search(logits, self.decoder.advance_fn(state), first_tag=self.dims.first_tag, eos=self.dims.eos,
+                    max_len=min(self.dims.max_tokens, 8), beams=5)
+        self.decoder.cross_attention_weights(enc, [self.dims.bos, self.dims.first_tag, 5])
+        return time.perf_counter() - t0
+
+
+def _check_beams(beams) -> int:
+    if isinstance(beams, bool) or not isinstance(beams, (int, np.integer)) or not 1 <= beams <= 16:
+        raise ValueError(f"beams must be an integer from 1 to 16, got {beams!r}")
+    return int(beams)
+
+
+def _result(text, language, ttft_s, decode_s, tokens, words) -> dict:
+    out = {"text": text, "language": language, "ttft_ms": round(ttft_s * 1000.0, 3),
+           "decode_tps": round(tokens / decode_s, 3) if decode_s > 0 else 0.0}
+    if words is not None:
+        out["words"] = words
+    return out
