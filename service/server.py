@@ -26,6 +26,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -266,11 +267,8 @@ class App:
         query = request.path.partition("?")[2]
         if self.config.token is not None:
             given = _bearer(request)
-            if given is None:
-                try:
-                    given = P.parse_query(query).token
-                except P.ProtocolError:
-                    given = None
+            if given is None:   # the token alone, even if other parameters are bad
+                given = next((v for k, v in parse_qsl(query, keep_blank_values=True) if k == "token"), None)
             if given is None or not hmac.compare_digest(given.encode(), self.config.token.encode()):
                 await self._refuse(conn, P.ErrorCode.UNAUTHORIZED, "missing or wrong token; send "
                                    "'Authorization: Bearer <token>' or ?token=<token>")

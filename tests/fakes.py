@@ -128,6 +128,38 @@ def stream_reference(model: FakeWhistle, audio: np.ndarray, *, step_s: float = 1
     return text + s.finish()["text"]
 
 
+def start_server_process(*flags: str, env: dict | None = None, timeout: float = 30.0):
+    """`python tests/fakes.py serve --port 0 *flags` as a subprocess -> (Popen, "ws://127.0.0.1:PORT").
+
+    Waits for the JSON log lines "listening" (for the port) and "ready". stderr stays readable
+    through `proc.stderr` (JSON lines).
+    """
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, str(Path(__file__)), "serve", "--port", "0", *flags],
+                            cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, **(env or {})})
+    port, deadline = None, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "listening":
+            port = event["port"]
+        if event.get("event") == "ready" and port:
+            return proc, f"ws://127.0.0.1:{port}"
+    proc.kill()
+    raise RuntimeError(f"the fake server did not start: {proc.stderr.read()[-2000:]}")
+
+
 if __name__ == "__main__":
     # `python tests/fakes.py serve [serve flags] [--fake-pass-s S] [--fake-fail-after N]`
     from service.server import main

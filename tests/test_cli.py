@@ -231,6 +231,40 @@ def test_transcribe_engine_errors_exit_2_without_traceback(fake_whistle, capsys,
     assert_one_line_error(code, err, "sample rate 8000 Hz")
 
 
+def test_transcribe_an_option_the_engine_refuses_exits_2(fake_whistle, capsys, monkeypatch):
+    def refuse(self, audio, **options):
+        raise ValueError("unknown language 'xx'; this model knows en, de")
+    monkeypatch.setattr(FakeWhistle, "transcribe", refuse)
+    model, audio = fake_whistle
+    code, _, err = run(capsys, "transcribe", str(audio), "--model", str(model), "--language", "xx")
+    assert_one_line_error(code, err, "unknown language 'xx'")
+
+
+@pytest.mark.slow
+@pytest.mark.reference
+def test_transcribe_runs_the_engine_end_to_end(env, tiny_model, capsys):
+    """The real Whistle on a random tiny model: the text is noise, but the pipeline and JSON are real."""
+    import wave
+
+    import numpy as np
+
+    from whistle_stream.container import CactFile
+
+    rng = np.random.default_rng(0)
+    t = np.arange(2 * 16000) / 16000
+    pcm = 0.3 * np.sin(2 * np.pi * 440 * t) * (1 + np.sin(2 * np.pi * 3 * t)) + 0.01 * rng.standard_normal(t.size)
+    clip = env / "tone.wav"
+    with wave.open(str(clip), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes((pcm * 32767).astype("<i2").tobytes())
+    code, out, err = run(capsys, "transcribe", str(clip), "--model", str(tiny_model), "--json", "--beams", "2")
+    assert code == 0, err
+    result = json.loads(out)
+    with CactFile(tiny_model) as cact:
+        assert result["language"] in cact.dims.languages
+    assert isinstance(result["text"], str)
+
+
 @pytest.mark.parametrize("beams", ["0", "-2", "five"])
 def test_transcribe_rejects_a_bad_beam_count(fake_whistle, capsys, beams):
     _, audio = fake_whistle

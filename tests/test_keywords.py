@@ -295,3 +295,10 @@ def test_title_case_with_an_unknown_piece_is_dropped_on_a_real_sentencepiece_mod
     b = KeywordBiaser.build(["Kaliko"], sp, [sp.unk_id()])  # "K" is not in the tiny corpus
     assert all(sp.unk_id() not in seq for seq in b.anywhere + b.first_only)
     assert tuple(sp.encode("kaliko")) in b.anywhere
+
+
+def test_a_single_biased_beam_takes_the_best_biased_candidate():
+    dec = TableDecoder({**HEARD_AS_CALICO, (): {CALICO: 2.0, KA: 0.5}})
+    got = beam_search(dec.logits(()), dec.advance, first_tag=len(PIECES), eos=EOS, max_len=40, beams=1,
+                      biaser=KeywordBiaser.build(["Kaliko"], TOK, SPECIAL_IDS))
+    assert got.tokens == [KA, LI, KO]

@@ -147,6 +147,11 @@ def test_cut_loop_keeps_one_copy_of_the_unit():
     assert cut_loop([7, 3, 4]) == [7, 3, 4]
 
 
+def test_cut_loop_removes_copies_beyond_the_fourth_too():
+    assert cut_loop([7] + [3, 4] * 6) == [7, 3, 4]
+    assert cut_loop(["a"] * 9) == ["a"]
+
+
 # ---------------------------------------------------------------- greedy
 
 @pytest.mark.parametrize("seed", range(6))

@@ -66,14 +66,14 @@ def softmax(x: np.ndarray) -> np.ndarray:
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x) as a new float32 array."""
     out = np.array(x, dtype=np.float32, order="C", copy=True)
-    K._silu_inplace(out)
+    K._silu_inplace(out.reshape(-1, out.shape[-1]) if out.ndim else out.reshape(1, 1))
     return out
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-x)) as a new float32 array."""
     out = np.array(x, dtype=np.float32, order="C", copy=True)
-    K._sigmoid_inplace(out)
+    K._sigmoid_inplace(out.reshape(-1, out.shape[-1]) if out.ndim else out.reshape(1, 1))
     return out
 
 

@@ -151,6 +151,10 @@ def _transcribe(args: argparse.Namespace) -> dict:
     return _as_dict(result)
 
 
+class _UsageError(WhistleError):
+    """An option the engine refused, reported like any other error."""
+
+
 def _as_dict(result) -> dict:
     if dataclasses.is_dataclass(result) and not isinstance(result, type):
         return dataclasses.asdict(result)
@@ -174,7 +178,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `whistle-stream` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        from service import server  # the service is optional to the engine; load it only here
+        try:
+            from service import server  # the service is optional to the engine; load it only here
+        except ModuleNotFoundError as e:
+            if e.name not in ("service", "service.server"):
+                raise
+            print(f"{PROG}: error: the WebSocket service is not installed ({e.name} is missing)", file=sys.stderr)
+            return EXIT_ERROR
         return server.main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     try:
@@ -187,7 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "download":
             print(models.download(force=args.force, progress=not args.quiet))
         elif args.command == "transcribe":
-            result = _transcribe(args)
+            try:
+                result = _transcribe(args)
+            except ValueError as e:  # the engine's refusal of a user-supplied option (--language, --beams)
+                raise _UsageError(str(e)) from e
             if args.json:
                 print(json.dumps(result, ensure_ascii=False, indent=1))
             else:

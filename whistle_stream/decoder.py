@@ -28,7 +28,7 @@ import numpy as np
 
 from . import blocks as B
 from . import kernels as K
-from .decoder_kernels import _attend_memory, _attend_pool, _causal_taps, _gather_levels
+from .decoder_kernels import _attend_memory, _attend_pool, _causal_taps, _gather_levels, _levels_rows
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
 ENGRAM_PRIME = 0x01000193  # FNV prime of the n-gram hash
@@ -89,6 +89,41 @@ def _head_quant(x: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- weights
+
+
+class _LevelsLinear:
+    """y = x @ W.T in the CQ rotated domain on int16 level codes (the codes of
+    `blocks.RotatedLinear`), through the decoder's few-row kernel.
+
+    `rotate(x)` is shared by every matrix that reads the same activation (q, k, v, gate)."""
+
+    def __init__(self, cact, name: str):
+        r = B.RotatedLinear.from_cact(cact, name)
+        self.levels, self.gscale, self.group, self.shape = r.levels, r.gscale, r.group, r.shape
+
+    def rotate(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, np.float32)
+        out = np.empty((x.shape[0], self.levels.shape[1]), np.float32)
+        K._fwht_rows(x, self.group, out)
+        return out
+
+    def rotated(self, xr: np.ndarray) -> np.ndarray:
+        out = np.empty((xr.shape[0], self.shape[0]), np.float32)
+        _levels_rows(xr, self.levels, self.gscale, self.group, out)
+        return out
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.rotated(self.rotate(x))
+
+
+class _FloatLinear(B.Linear):
+    """blocks.Linear with the same rotate/rotated split as `_LevelsLinear` (rotation = identity)."""
+
+    def rotate(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x, np.float32)
+
+    def rotated(self, x: np.ndarray) -> np.ndarray:
+        return self(x)
 
 
 class _Layer:
@@ -183,10 +218,10 @@ class Decoder:
         self.kept = ladder_layers(d.dec_layers, depth)
         if rotated:
             def linear(name):
-                return B.RotatedLinear.from_cact(cact, name)
+                return _LevelsLinear(cact, name)
         else:
             def linear(name):
-                return B.Linear.from_cact(cact, name)
+                return _FloatLinear(cact.array(name))
         sites = {layer: s for s, layer in enumerate(d.engram_sites)}
         self.layers = [_Layer(cact, index, pos, sites.get(index), linear) for pos, index in enumerate(self.kept)]
         self.engrams = {s: _Engram(cact, s, linear) for s, layer in enumerate(d.engram_sites) if layer in self.kept}
@@ -421,7 +456,8 @@ class Decoder:
 
         # causal self-attention
         h = B.fake_quant_int8(B.zc_rmsnorm(x, layer.norm_in))
-        q, k, v = layer.q(h), layer.k(h), layer.v(h)
+        hr = layer.q.rotate(h)  # one rotation serves q, k, v and the gate
+        q, k, v = layer.q.rotated(hr), layer.k.rotated(hr), layer.v.rotated(hr)
         if layer.taps:
             hq, hk, hv = state.tap_hist[li]
             q = _tapped(q, hq, layer.q_taps, rows, n_new, start)
@@ -438,19 +474,20 @@ class Decoder:
         att = np.empty((rows, n_new, d.heads, d.v_dim), np.float32)
         _attend_pool(q.reshape(rows, n_new, d.heads, d.qk_dim), kp, vp, state.anc, start,
                      self.q_scale, self.logit_scale, state.scores, att)
-        att = att.reshape(n, d.heads * d.v_dim) * B.sigmoid(layer.gate(h))
+        att = att.reshape(n, d.heads * d.v_dim) * B.sigmoid(layer.gate.rotated(hr))
         att = layer.out(B.fake_quant_int8(att))
         x = x + layer.attn_gate * B.zc_rmsnorm(att, layer.post_norm)
 
         # cross-attention over the clip's memory
         h = B.fake_quant_int8(B.zc_rmsnorm(x, layer.cross_norm))
-        q = _head_quant(B.zc_rmsnorm(layer.cq(h).reshape(n, d.heads, d.qk_dim), layer.cq_norm))
+        hr = layer.cq.rotate(h)
+        q = _head_quant(B.zc_rmsnorm(layer.cq.rotated(hr).reshape(n, d.heads, d.qk_dim), layer.cq_norm))
         weights = np.empty((n, d.heads, state.frames), np.float32)
         att = np.empty((n, d.heads, d.v_dim), np.float32)
         _attend_memory(q, state.cross_k[li], state.cross_v[li], self.q_scale, self.logit_scale, weights, att)
         if ctx.collect is not None and layer.index in ctx.collect[0]:
             ctx.collect[1][layer.index] = weights
-        att = att.reshape(n, d.heads * d.v_dim) * B.sigmoid(layer.cgate(h))
+        att = att.reshape(n, d.heads * d.v_dim) * B.sigmoid(layer.cgate.rotated(hr))
         att = layer.cout(B.fake_quant_int8(att))
         x = x + layer.cross_gate * B.zc_rmsnorm(att, layer.post_cross_norm)
 

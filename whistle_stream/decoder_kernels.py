@@ -148,3 +148,31 @@ def _gather_levels(codes, norms, codebook, rows, group, out):
         row = rows[m]
         for k in range(codes.shape[1]):
             out[m, k] = codebook[codes[row, k]] * norms[row, k // group]
+
+
+@_jit(GEMM_FASTMATH)
+def _levels_rows(xr, levels, gscale, group, out):
+    """A few rows times int16 level codes in the rotated domain (decoder beams).
+
+    out[r, n] = sum_g gscale[n, g] * (levels[n, g] . xr[r, g]); xr (R, K_pad) rotated activations,
+    levels (N, K_pad) int16, gscale (N, K_pad // group) float32. Each code group is widened to
+    float32 once and reused by every row.
+    """
+    rows, k_pad = xr.shape
+    groups = k_pad // group
+    buf = np.empty(group, np.float32)
+    for n in range(levels.shape[0]):
+        ln = levels[n]
+        for r in range(rows):
+            out[r, n] = 0.0
+        for g in range(groups):
+            base = g * group
+            for k in range(group):
+                buf[k] = ln[base + k]
+            s = gscale[n, g]
+            for r in range(rows):
+                xg = xr[r]
+                acc = np.float32(0.0)
+                for k in range(group):
+                    acc += buf[k] * xg[base + k]
+                out[r, n] += acc * s

@@ -228,17 +228,19 @@ def _sinkhorn_rows(logits, iters, out):
 
 @_jit()
 def _silu_inplace(x):
-    flat = x.reshape(-1)
-    for i in range(flat.size):
-        v = flat[i]
-        flat[i] = v / (np.float32(1.0) + np.exp(-v))
+    """x <- x * sigmoid(x) for a 2-D array of any strides."""
+    for r in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            v = x[r, c]
+            x[r, c] = v / (np.float32(1.0) + np.exp(-v))
 
 
 @_jit()
 def _sigmoid_inplace(x):
-    flat = x.reshape(-1)
-    for i in range(flat.size):
-        flat[i] = np.float32(1.0) / (np.float32(1.0) + np.exp(-flat[i]))
+    """x <- 1 / (1 + exp(-x)) for a 2-D array of any strides."""
+    for r in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            x[r, c] = np.float32(1.0) / (np.float32(1.0) + np.exp(-x[r, c]))
 
 
 # ---------------------------------------------------------------- mHC lanes

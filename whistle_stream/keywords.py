@@ -15,7 +15,7 @@ that on every sentencepiece setup: with a dummy prefix the reference tokenizer g
 and a normaliser that strips whitespace gives "word" (the in-text form there may be "▁" + "word").
 Without a dummy prefix the two forms differ ("▁word" inside, "word" first); with one they coincide
 ("▁word" both) and the first-word form adds nothing. If the spelling's pieces merge across the space
-(no sentencepiece vocabulary does this), the literal encode(" " + s) is used.
+(only a vocabulary with pieces spanning a space allows that), the literal encode(" " + s) is used.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ class Whistle:
             weights = weights[:, len(prompt) - 1:len(prompt) - 1 + len(result.tokens)]
             probs = np.exp(np.asarray(result.token_logprobs, np.float64))
             out["words"] = word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds,
-                                      0.0, duration_s=len(pcm) / d.rate)
+                                      0.0)
         return out
 
     def transcribe(self, audio, language: str | None = None, keywords=None, word_timestamps: bool = False,

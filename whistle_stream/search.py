@@ -69,11 +69,16 @@ def find_loop(tokens: Sequence, max_unit: int = LOOP_MAX_UNIT, repeats: int = LO
 
 
 def cut_loop(tokens: Sequence, max_unit: int = LOOP_MAX_UNIT, repeats: int = LOOP_REPEATS) -> list:
-    """`tokens` with a loop at its end cut back to one copy of the repeated unit."""
+    """`tokens` as a list, with a loop at its end (see find_loop) cut back to one copy of the
+    repeated unit; every further copy before the loop's last `repeats` is removed too."""
     items = list(tokens)
     unit = find_loop(items, max_unit, repeats)
     if unit:
-        del items[len(items) - (repeats - 1) * unit :]
+        tail = items[len(items) - unit :]
+        keep = len(items) - (repeats - 1) * unit
+        while keep >= 2 * unit and items[keep - 2 * unit : keep - unit] == tail:
+            keep -= unit
+        del items[keep:]
     return items
 
 
@@ -191,10 +196,9 @@ def beam_search(
             else:
                 seq = live_tokens[b] + [tok]
                 lps = live_lps[b] + [lp]
-                unit = find_loop(seq)
-                if unit:
-                    keep = len(seq) - (LOOP_REPEATS - 1) * unit
-                    finished.append((score / len(seq), seq[:keep], "loop", lps[:keep]))
+                if find_loop(seq):
+                    kept = cut_loop(seq)
+                    finished.append((score / len(seq), kept, "loop", lps[: len(kept)]))
                 elif len(seq) >= cap:
                     finished.append((score / len(seq), seq, "cap", lps))
                 else:
@@ -234,10 +238,9 @@ def _greedy(logits: np.ndarray, advance, first_tag: int, eos: int, cap: int, voc
             return SearchResult(tokens, total / (len(tokens) + 1), "eos", lps)
         tokens.append(tok)
         lps.append(lp)
-        unit = find_loop(tokens)
-        if unit:
-            keep = len(tokens) - (LOOP_REPEATS - 1) * unit
-            return SearchResult(tokens[:keep], total / len(tokens), "loop", lps[:keep])
+        if find_loop(tokens):
+            kept = cut_loop(tokens)
+            return SearchResult(kept, total / len(tokens), "loop", lps[: len(kept)])
         if len(tokens) >= cap:
             return SearchResult(tokens, total / len(tokens), "cap", lps)
         logits = _check_logits(advance(np.zeros(1, dtype=np.int64), np.array([tok], dtype=np.int64)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class StreamSession:
     """
 
     def __init__(self, model: "Whistle", language: str | None = None, keywords=None, step_s: float = 1.0,
-                 beams: int | None = None):
+                 beams: int | None = None, on_pass: Callable[[dict], None] | None = None):
         if not (0.1 <= float(step_s) <= 10.0):
             raise ValueError(f"step_s must be between 0.1 and 10 seconds, got {step_s!r}")
         self.model = model
@@ -53,6 +53,7 @@ class StreamSession:
         self.language = model.check_language(language) if language is not None else ""
         self.keywords = keywords
         self.beams = beams
+        self.on_pass = on_pass  # called with the dict of each single pass (tests, metrics)
         self.policy = CommitPolicy()
         self.revision = 0
         self.closed = False
@@ -79,7 +80,7 @@ class StreamSession:
         self._received += len(samples)
         out = self._empty()
         while self._received >= self._next_pass:
-            self._run_pass(self._next_pass, out)
+            self._pass_and_report(self._next_pass, out)
             self._next_pass += self.step
         return self._finish_dict(out)
 
@@ -88,7 +89,7 @@ class StreamSession:
         self._check_open()
         out = self._empty()
         if self._received > self._last_pass_end():
-            self._run_pass(self._received, out)
+            self._pass_and_report(self._received, out)
         self._commit(self.policy.flush(), out)
         return self._finish_dict(out)
 
@@ -121,6 +122,16 @@ class StreamSession:
     def _empty(self) -> dict:
         return {"words": [], "pass_ms": 0.0}
 
+    def _pass_and_report(self, end: int, out: dict) -> None:
+        if self.on_pass is None:
+            self._run_pass(end, out)
+            return
+        single = self._empty()
+        self._run_pass(end, single)
+        out["words"].extend(single["words"])
+        out["pass_ms"] += single["pass_ms"]
+        self.on_pass(self._finish_dict(single, received=end))
+
     def _run_pass(self, end: int, out: dict) -> None:
         """Transcribe the buffer up to sample `end` and update commits/pending."""
         t0 = time.perf_counter()
@@ -151,11 +162,11 @@ class StreamSession:
 
     def _commit(self, result, out: dict) -> None:
         pending = list(result.pending)
-        changed = bool(result.committed) or _join(pending) != _join(self._pending)
+        changed = bool(result.new) or _join(pending) != _join(self._pending)
         self._stable = 0 if changed else self._stable + 1
         self._pending = pending
-        if result.committed:
-            out["words"].extend(result.committed)
+        if result.new:
+            out["words"].extend(result.new)
         if changed:
             self.revision += 1
 
@@ -181,14 +192,15 @@ class StreamSession:
             self._buffer = self._buffer[trim - self._buffer_start:]
             self._buffer_start = trim
 
-    def _finish_dict(self, out: dict) -> dict:
+    def _finish_dict(self, out: dict, received: int | None = None) -> dict:
         words = out["words"]
+        received = self._received if received is None else received
         return {
             "text": _join(words),
-            "words": [w.as_dict() for w in words],
+            "words": [w.to_dict() for w in words],
             "pending": _join(self._pending),
             "language": self.language,
-            "received": round(self._received / self.rate, 6),
+            "received": round(received / self.rate, 6),
             "pass_ms": round(out["pass_ms"], 3),
             "revision": self.revision,
         }

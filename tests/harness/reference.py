@@ -596,49 +596,45 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
-def ref_beam(model: RefModel, pcm, language: str | None = None, beams: int = BEAMS, trace: list | None = None):
-    """Guide §6's beam search over the quantised reference, written to be obviously correct.
+def beam_search(next_logits, text_vocab: int, eos: int, max_generated: int, beams: int = BEAMS,
+                trace: list | None = None) -> tuple[list[int], float]:
+    """Guide §6's beam search, independent of any model: returns (winning ids, winning score).
 
-    Returns (language code, ids of the winning transcript, without </s>, loops cut to one copy).
+    next_logits(prefixes) takes a list of generated-id lists (one per live beam, the prompt left
+    out) and returns their next-token logits, (len(prefixes), >= text_vocab) floats; only the first
+    text_vocab columns (ids below the first language tag) are used.
 
     Exact rules (the engine's search.py must match these):
-    * The prompt is [<s>, tag]; a beam holds its generated text ids and its running log-prob.
-      Start: one live beam, no ids, log-prob 0.
-    * Each step, every live beam (recomputed from its full prefix) proposes its 6 best text ids
-      (ids < first tag, </s> included) by log-prob under log_softmax over the text ids only
-      (float64); a proposal scores running log-prob + token log-prob. Ties within a beam: lower id.
-    * All proposals are sorted by score, descending (stable: earlier live beam, then better rank
-      first on equal scores), and walked in order until `beams` beams are live. A proposal finishes
-      instead of taking a beam if, checked in this order:
+    * Start: one live beam, no ids, log-prob 0.
+    * Each step, every live beam proposes its 6 best text ids (</s> among them) by log-prob under
+      log_softmax over the text ids only (float64); a proposal scores running log-prob + token
+      log-prob. Ties within a beam: lower id first.
+    * All proposals are sorted by score, descending (stable: on equal scores the earlier live beam,
+      then the better-ranked token first), and walked in order until `beams` beams are live. A
+      proposal finishes instead of taking a beam if, checked in this order:
         1. the token is </s>;
-        2. the ids, token included, end in a loop (find_loop: shortest unit of 1..8 tokens repeated
-           4 times); the transcript is cut back to one copy of the unit;
-        3. the sequence, prompt included, reaches max_tokens - 1 tokens (319 for the shipped cap),
-           i.e. len(ids) == max_tokens - 3.
-      A finished proposal scores its log-prob / its token count, where the log-prob is the sum over
-      every generated token and the count is the number of generated text tokens *including the
-      finishing </s>* (and, for a loop, before the cut: the count of tokens whose log-probs were
-      summed). Every finishing proposal met in the walk is kept, even past the 5th.
-    * After the walk, stop if at least 5 transcripts have finished or no beam is live.
-    * The winner is the best finished score; ties go to the one finished first.
-    `trace`, when a list, receives one dict per step (live beams and finished so far) for debugging.
+        2. the ids, token included, end in a loop (find_loop: the shortest unit of 1..8 tokens
+           repeated 4 times); the transcript is cut back to one copy of the unit;
+        3. it holds max_generated ids (the cap; see ref_beam for how it follows from max_tokens).
+      A finished proposal scores (its log-prob) / (its token count), where the log-prob is the sum
+      over every generated token and the count is the number of generated text tokens INCLUDING
+      the finishing </s> (for a loop: counted before the cut, i.e. every token whose log-prob is in
+      the sum). Every finishing proposal met during the walk is kept, even past the 5th.
+    * After the walk, stop if at least `beams` transcripts have finished or no beam is live.
+    * The winner is the best finished score; ties go to the one that finished first.
+    The returned ids exclude </s>. `trace`, when a list, receives one dict per step.
     """
-    cfg = model.cfg
     if not 1 <= beams <= 16:
         raise ValueError(f"beams must be in [1, 16], got {beams}")
-    if language is not None:
-        model.language_id(language)
-    enc, frames = _encode_padded(model, pcm)
-    language, prompt = _prompt(model, enc, frames, language)
-    cap = cfg.max_tokens - 1 - len(prompt)             # most generated tokens a transcript can hold
+    if max_generated < 1:
+        raise ValueError(f"max_generated must be at least 1, got {max_generated}")
     live: list[tuple[list[int], float]] = [([], 0.0)]
     finished: list[tuple[float, list[int]]] = []
-    while live and len(finished) < BEAMS:
-        logits = _batch_logits(model, enc, frames, [prompt + ids for ids, _ in live],
-                               [len(prompt) + len(ids) - 1 for ids, _ in live])
-        logp = _log_softmax(logits[:, :cfg.text])
+    while live and len(finished) < beams:
+        logits = np.asarray(next_logits([ids for ids, _ in live]))
+        logp = _log_softmax(logits[:, :text_vocab])
         proposals = []
-        for b, (ids, score) in enumerate(live):
+        for b, (_, score) in enumerate(live):
             best = np.argsort(-logp[b], kind="stable")[:PROPOSALS]
             proposals += [(score + float(logp[b, t]), b, int(t)) for t in best]
         proposals.sort(key=lambda p: -p[0])            # stable: beam order, then rank, on ties
@@ -647,11 +643,11 @@ def ref_beam(model: RefModel, pcm, language: str | None = None, beams: int = BEA
             if len(survivors) == beams:
                 break
             ids = live[b][0] + [token]
-            if token == cfg.eos:
+            if token == eos:
                 finished.append((score / len(ids), ids[:-1]))
             elif unit := find_loop(ids):
                 finished.append((score / len(ids), ids[:len(ids) - (LOOP_REPEATS - 1) * unit]))
-            elif len(ids) >= cap:
+            elif len(ids) >= max_generated:
                 finished.append((score / len(ids), ids))
             else:
                 survivors.append((ids, score))
@@ -659,7 +655,29 @@ def ref_beam(model: RefModel, pcm, language: str | None = None, beams: int = BEA
         if trace is not None:
             trace.append({"live": [(list(i), s) for i, s in live], "finished": list(finished)})
     best = max(range(len(finished)), key=lambda i: (finished[i][0], -i))
-    return language, finished[best][1]
+    return finished[best][1], finished[best][0]
+
+
+def ref_beam(model: RefModel, pcm, language: str | None = None, beams: int = BEAMS, trace: list | None = None):
+    """Guide §6's beam search over the quantised reference (rules: `beam_search`).
+
+    Returns (language code, ids of the winning transcript without </s>, a loop cut to one copy).
+    The prompt is [<s>, tag] (tag forced or detected as in ref_greedy). The cap: a transcript
+    finishes when the sequence, prompt included, reaches max_tokens - 1 tokens (319 for the
+    shipped 320), i.e. after max_tokens - 3 generated ids. Each step recomputes every live
+    beam's full prefix (slow, obviously correct)."""
+    cfg = model.cfg
+    if language is not None:
+        model.language_id(language)
+    enc, frames = _encode_padded(model, pcm)
+    language, prompt = _prompt(model, enc, frames, language)
+
+    def next_logits(prefixes):
+        return _batch_logits(model, enc, frames, [prompt + ids for ids in prefixes],
+                             [len(prompt) + len(ids) - 1 for ids in prefixes])
+
+    ids, _ = beam_search(next_logits, cfg.text, cfg.eos, cfg.max_tokens - 1 - len(prompt), beams, trace)
+    return language, ids
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""Word timestamps: DTW over cross-attention (guide §8)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from whistle_stream.alignment import dtw_path, token_frames, word_times
+
+SP = "\u2581"
+
+
+def naive_dtw(cost):
+    """The slow twin of alignment._dtw: the same recurrence and tie order in plain Python."""
+    n, m = cost.shape
+    acc = [[float("inf")] * (m + 1) for _ in range(n + 1)]
+    acc[0][0] = 0.0
+    move = {}
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            options = [(acc[i - 1][j - 1], (i - 1, j - 1)), (acc[i - 1][j], (i - 1, j)), (acc[i][j - 1], (i, j - 1))]
+            best = min(o[0] for o in options)
+            prev = next(p for c, p in options if c == best)  # first of equals: diagonal, token, frame
+            acc[i][j] = float(cost[i - 1, j - 1]) + best
+            move[i, j] = prev
+    path, at = [], (n, m)
+    while at != (0, 0):
+        path.append((at[0] - 1, at[1] - 1))
+        at = move[at]
+    return path[::-1]
+
+
+def all_paths_min_cost(cost):
+    """Brute force: the cheapest of every monotonic path (small matrices only)."""
+    n, m = cost.shape
+    best = float("inf")
+
+    def walk(i, j, acc):
+        nonlocal best
+        acc += cost[i, j]
+        if (i, j) == (n - 1, m - 1):
+            best = min(best, acc)
+            return
+        for di, dj in ((1, 1), (1, 0), (0, 1)):
+            if i + di < n and j + dj < m:
+                walk(i + di, j + dj, acc)
+
+    walk(0, 0, 0.0)
+    return best
+
+
+def path_cost(cost, tok, frm):
+    return float(cost[tok, frm].sum())
+
+
+# ---------------------------------------------------------------- dtw_path
+
+def test_dtw_follows_the_cheap_cells_of_a_hand_built_matrix():
+    # token 0 on frames 0-2, token 1 on frames 3-4, token 2 on frames 5-8
+    segments = [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    cost = np.ones((3, 9))
+    cost[segments, np.arange(9)] = 0.0
+    tok, frm = dtw_path(cost)
+    assert list(frm) == list(range(9))
+    assert list(tok) == segments
+
+
+def test_dtw_on_more_tokens_than_frames_steps_tokens_within_a_frame():
+    cost = np.ones((4, 2))
+    cost[[0, 1, 2, 3], [0, 0, 1, 1]] = 0.0
+    tok, frm = dtw_path(cost)
+    assert list(zip(tok, frm)) == [(0, 0), (1, 0), (2, 1), (3, 1)]
+
+
+def test_dtw_path_is_monotonic_and_spans_both_axes():
+    rng = np.random.default_rng(1)
+    cost = rng.normal(size=(7, 19))
+    tok, frm = dtw_path(cost)
+    steps = set(zip(np.diff(tok), np.diff(frm)))
+    assert steps <= {(1, 1), (1, 0), (0, 1)}
+    assert (tok[0], frm[0]) == (0, 0) and (tok[-1], frm[-1]) == (6, 18)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 6), (6, 1), (3, 4), (5, 5), (4, 7)])
+@pytest.mark.parametrize("seed", range(3))
+def test_dtw_finds_the_cheapest_monotonic_path(shape, seed):
+    cost = np.random.default_rng(seed).uniform(-1, 1, shape)
+    tok, frm = dtw_path(cost)
+    assert path_cost(cost, tok, frm) == pytest.approx(all_paths_min_cost(cost), abs=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (12, 40), (40, 12), (30, 30)])
+def test_dtw_kernel_matches_its_numpy_twin(shape):
+    rng = np.random.default_rng(sum(shape))
+    for cost in (rng.normal(size=shape), np.round(rng.normal(size=shape)), np.zeros(shape)):  # ties too
+        tok, frm = dtw_path(cost)
+        assert list(zip(tok.tolist(), frm.tolist())) == naive_dtw(cost)
+
+
+def test_dtw_rejects_bad_cost_matrices():
+    with pytest.raises(ValueError, match="2-D"):
+        dtw_path(np.zeros(5))
+    with pytest.raises(ValueError, match="non-empty"):
+        dtw_path(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="finite"):
+        dtw_path(np.array([[0.0, np.nan]]))
+
+
+# ---------------------------------------------------------------- word times
+
+class PieceTokenizer:
+    def __init__(self, pieces, with_id_to_piece=True):
+        self.pieces = pieces
+        if with_id_to_piece:
+            self.id_to_piece = lambda i: self.pieces[i]
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids).replace(SP, " ").lstrip(" ")
+
+
+PIECES = [SP + "the", SP + "Ka", "li", "ko", SP + "cat", ",", SP + "sat", "."]
+
+
+def attention(segments, frames, heads=6, noise_heads=2, seed=0):
+    """(heads, tokens, frames) weights: aligned heads peak on each token's frames (softmax-like
+    rows over frames), noise heads are random. segments[i] = (first_frame, end_frame)."""
+    rng = np.random.default_rng(seed)
+    n = len(segments)
+    w = rng.uniform(0.0, 0.2, (heads + noise_heads, n, frames))
+    for h in range(heads):
+        for i, (a, b) in enumerate(segments):
+            w[h, i, a:b] += rng.uniform(2.0, 3.0)
+    w /= w.sum(axis=2, keepdims=True)
+    return w.astype(np.float32)
+
+
+SEGMENTS = [(0, 3), (3, 5), (5, 6), (6, 8), (10, 14), (14, 15), (16, 20), (20, 21)]
+PROBS = [0.9, 0.5, 0.6, 0.7, 0.95, 0.8, 0.85, 0.99]
+
+
+def test_token_frames_recover_the_attended_segments():
+    first, end = token_frames(attention(SEGMENTS, frames=24))
+    # each token covers its attended frames; silent frames (8-9, 15, 21-23) may join a neighbour,
+    # and a token step (1, 0) lets two neighbours share one frame, but no more
+    bounds = [(0, 0)] + SEGMENTS + [(24, 24)]
+    for k, ((a, b), f, e) in enumerate(zip(SEGMENTS, first, end)):
+        assert f <= a and e >= b
+        assert f >= bounds[k][1] - 1 and e <= bounds[k + 2][0] + 1
+
+
+def test_words_start_at_space_pieces_and_carry_their_times_and_mean_probability():
+    words = word_times(attention(SEGMENTS, frames=24), list(range(8)), PROBS, PieceTokenizer(PIECES),
+                       frame_seconds=0.08, offset_s=10.0)
+    assert [w["word"] for w in words] == ["the", "Kaliko", "cat,", "sat."]
+    kaliko = words[1]
+    assert kaliko["probability"] == pytest.approx(np.mean(PROBS[1:4]))
+    assert kaliko["start"] == pytest.approx(10.0 + 3 * 0.08)  # its first piece's first frame
+    assert 10.0 + 8 * 0.08 - 1e-9 <= kaliko["end"] <= 10.0 + 10 * 0.08 + 1e-9  # may take the gap
+    assert words[2]["start"] >= kaliko["end"]
+    assert words[3]["end"] == pytest.approx(10.0 + 24 * 0.08)  # the last word ends with the window
+
+
+def test_word_times_are_ordered_non_overlapping_and_inside_the_window():
+    rng = np.random.default_rng(7)
+    for frames in (3, 8, 24, 60):
+        w = rng.uniform(size=(4, 8, frames)).astype(np.float32)
+        words = word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, offset_s=5.0)
+        assert words
+        prev = 5.0
+        for word in words:
+            assert prev <= word["start"] <= word["end"] <= 5.0 + frames * 0.08 + 1e-9
+            prev = word["end"]
+
+
+def test_decode_only_tokenizers_split_words_the_same_way():
+    w = attention(SEGMENTS, frames=24)
+    with_pieces = word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08)
+    decode_only = word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES, with_id_to_piece=False), 0.08)
+    assert with_pieces == decode_only
+
+
+def test_a_single_token_spans_the_whole_clip():
+    words = word_times(np.ones((2, 1, 5), np.float32), [4], [0.5], PieceTokenizer(PIECES), 0.08)
+    assert words == [{"word": "cat", "start": 0.0, "end": 0.4, "probability": 0.5}]
+
+
+def test_no_tokens_gives_no_words():
+    assert word_times(np.zeros((2, 0, 5)), [], [], PieceTokenizer(PIECES), 0.08) == []
+
+
+def test_mismatched_inputs_are_rejected():
+    with pytest.raises(ValueError, match="tokens"):
+        word_times(np.zeros((2, 3, 5)), [0, 1], [0.5, 0.5], PieceTokenizer(PIECES), 0.08)
+    with pytest.raises(ValueError, match="frame_seconds"):
+        word_times(np.zeros((2, 1, 5)), [0], [0.5], PieceTokenizer(PIECES), 0.0)
+
+
+def test_every_frame_and_token_is_on_the_path():
+    # property: a DTW path visits every token row and every frame column
+    rng = np.random.default_rng(3)
+    for n, m in itertools.product((1, 4, 9), (1, 5, 13)):
+        tok, frm = dtw_path(rng.normal(size=(n, m)))
+        assert set(tok.tolist()) == set(range(n)) and set(frm.tolist()) == set(range(m))

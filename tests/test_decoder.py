@@ -1,0 +1,331 @@
+"""The decoder (guide §6): kernels against NumPy twins, teacher-forced logits against the quantised
+reference (`Whistle.logits`, quant=True) on three shapes, incremental steps against teacher forcing,
+beam reordering, and the ladder.
+
+Parity runs two references over the same random encoder output:
+- `shipped`: the reference with the parameters the file stores as FP16 (norm scales, gates, taps,
+  Hadamard diagonals, mHC biases) rounded to FP16, i.e. exactly the weights the engine reads. This
+  isolates the engine's arithmetic: max |delta| is float summation order and the int16 level codes.
+- `master`: the reference as the harness quantises it (guide §1), those parameters left in float32.
+  The difference is the file's FP16 storage, not the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from whistle_stream import blocks as B
+from whistle_stream import kernels as K
+from whistle_stream.container import CactFile
+from whistle_stream.decoder import Decoder, ladder_layers, ladder_order, sinusoids
+from whistle_stream.decoder_kernels import (
+    _attend_memory, _attend_pool, _causal_taps, _gather_levels, _levels_rows,
+)
+
+# Stated tolerances (max |delta| of logits whose magnitudes reach ~10-15 on the test models).
+ATOL_SHIPPED = 2e-3  # engine vs the FP16-rounded reference; measured ~1e-4 (int16 levels) / 5e-6 (fp32)
+ATOL_MASTER = 0.15  # engine vs the float32-parameter reference; measured 0.035 on tiny
+ATOL_STEP = 1e-4  # incremental steps vs teacher forcing, same kernels; measured 2e-6
+
+
+# ---------------------------------------------------------------- NumPy twins of the kernels
+
+
+def naive_taps(new, hist, taps, dilation, start):
+    seq = np.concatenate([hist, new], axis=1)  # positions start-H .. start+S-1
+    depth = hist.shape[1]
+    out = np.zeros_like(new)
+    for i in range(new.shape[1]):
+        p = start + i
+        for j in range(taps.shape[0]):
+            if p - j * dilation >= 0:
+                out[:, i] += taps[j] * seq[:, depth + i - j * dilation]
+    return out
+
+
+def naive_attention(q, k, v, scale):
+    """q (Tq, H, d) against k (Tk, KH, d), v (Tk, KH, dv) with grouped heads; no mask."""
+    group = q.shape[1] // k.shape[1]
+    k = np.repeat(k, group, axis=1)
+    v = np.repeat(v, group, axis=1)
+    s = np.einsum("thd,shd->hts", q.astype(np.float64), k) * scale
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return np.einsum("hts,shd->thd", w, v), w
+
+
+def test_causal_taps_match_shifted_sum():
+    rng = np.random.default_rng(1)
+    for dilation, depth, start in ((1, 2, 0), (1, 2, 5), (3, 9, 4), (3, 9, 20)):
+        new = rng.standard_normal((3, 4, 7)).astype(np.float32)
+        hist = rng.standard_normal((3, depth, 7)).astype(np.float32)
+        taps = rng.standard_normal((4 if dilation == 3 else 3, 7)).astype(np.float32)
+        out = np.empty_like(new)
+        _causal_taps(new, hist, taps, dilation, start, out)
+        np.testing.assert_allclose(out, naive_taps(new, hist, taps, dilation, start), rtol=1e-5, atol=1e-5)
+
+
+def test_pool_attention_reads_each_beams_own_positions():
+    rng = np.random.default_rng(2)
+    T, R, KH, H, dq, dv = 9, 3, 2, 4, 6, 5
+    k_pool = rng.standard_normal((T, R, KH, dq)).astype(np.float32)
+    v_pool = rng.standard_normal((T, R, KH, dv)).astype(np.float32)
+    anc = rng.integers(0, R, (R, T)).astype(np.int32)
+    start, S = 5, 2
+    q = rng.standard_normal((R, S, H, dq)).astype(np.float32)
+    out = np.empty((R, S, H, dv), np.float32)
+    _attend_pool(q, k_pool, v_pool, anc, start, np.float32(1.5), np.float32(0.25), np.empty(T, np.float32), out)
+    for b in range(R):
+        for i in range(S):
+            p = start + i
+            k = k_pool[np.arange(p + 1), anc[b, : p + 1]]
+            v = v_pool[np.arange(p + 1), anc[b, : p + 1]]
+            want, _ = naive_attention(q[b, i][None], k, v, 1.5 * 0.25)
+            np.testing.assert_allclose(out[b, i], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_memory_attention_and_its_weights():
+    rng = np.random.default_rng(3)
+    R, H, F, dq, dv = 4, 3, 11, 6, 5
+    q = rng.standard_normal((R, H, dq)).astype(np.float32)
+    k = rng.standard_normal((H, F, dq)).astype(np.float32)
+    v = rng.standard_normal((H, F, dv)).astype(np.float32)
+    weights = np.empty((R, H, F), np.float32)
+    out = np.empty((R, H, dv), np.float32)
+    _attend_memory(q, k, v, np.float32(1.0), np.float32(0.5), weights, out)
+    want, w = naive_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 0.5)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(weights, w.transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_level_rows_equal_the_dequantised_product():
+    rng = np.random.default_rng(4)
+    group, n_out, k_pad = 16, 7, 48
+    codebook = np.sort(rng.standard_normal(4)).astype(np.float32)
+    codes = rng.integers(0, 4, (n_out, k_pad)).astype(np.uint8)
+    norms = rng.uniform(0.5, 2, (n_out, k_pad // group)).astype(np.float32)
+    levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
+    x = rng.standard_normal((5, k_pad)).astype(np.float32)
+    out = np.empty((5, n_out), np.float32)
+    _levels_rows(x, levels, norms, group, out)
+    want = np.einsum("rgk,ngk,ng->rn", x.reshape(5, -1, group).astype(np.float64),
+                     levels.reshape(n_out, -1, group).astype(np.float64), norms)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-2)
+    # gather: codebook level times the row's group norm
+    rows = np.array([6, 0, 6], np.int64)
+    got = np.empty((3, k_pad), np.float32)
+    _gather_levels(codes, norms, codebook, rows, group, got)
+    np.testing.assert_array_equal(got, codebook[codes[rows]] * np.repeat(norms[rows], group, axis=1))
+
+
+# ---------------------------------------------------------------- pure rules
+
+
+def test_ladder_order_bisects_from_both_ends():
+    assert ladder_order(8) == (0, 7, 3, 5, 1, 2, 4, 6)
+    assert ladder_layers(8, 4) == (0, 3, 5, 7)
+    assert ladder_layers(8, None) == tuple(range(8))
+    for n in range(1, 20):
+        assert sorted(ladder_order(n)) == list(range(n))
+
+
+def test_ladder_order_is_needles(reference):
+    from needle.model.architecture import _ladder_layer_order
+    for n in range(1, 25):
+        assert ladder_order(n) == _ladder_layer_order(n)
+
+
+def test_ladder_depth_out_of_range_is_refused():
+    for bad in (0, 1, 9, 2.5):
+        with pytest.raises(ValueError, match="decoder depth"):
+            ladder_layers(8, bad)
+
+
+def test_memory_sinusoids_put_sines_first():
+    s = sinusoids(5, 8)
+    omega = np.exp(-np.arange(4) * math.log(10000.0) / 3)
+    t = np.arange(5)[:, None]
+    np.testing.assert_allclose(s, np.concatenate([np.sin(t * omega), np.cos(t * omega)], 1), atol=1e-6)
+
+
+# ---------------------------------------------------------------- against the reference
+
+
+def _shipped(reference, model):
+    """The model with every non-CQ parameter rounded through FP16, as the .cact stores it."""
+    import jax
+    from needle.model.quantize import _is_quant_leaf
+
+    def round16(path, leaf):
+        return leaf if _is_quant_leaf(path, leaf) else np.asarray(leaf, np.float16).astype(np.float32)
+
+    return dataclasses.replace(model, qparams=jax.tree_util.tree_map_with_path(round16, model.qparams))
+
+
+def _reference_logits(reference, model, enc, rows):
+    """Reference teacher-forced logits of each token row over encoder output enc (frames, width)."""
+    import jax.numpy as jnp
+    out = reference._run_logits(model, jnp.asarray(enc[None]), enc.shape[0], [list(map(int, r)) for r in rows])
+    return [out[i, : len(r)] for i, r in enumerate(rows)]
+
+
+def _parity_case(model, frames=23, length=18, seed=0):
+    """Random encoder output, and token rows: each language forced, plus the engine's pick."""
+    cact = CactFile(model.path)
+    d = cact.dims
+    rng = np.random.default_rng(seed)
+    enc = rng.standard_normal((frames, d.width)).astype(np.float32)
+    text = rng.integers(3, d.text_vocab, length)
+    return cact, enc, text
+
+
+def _check_parity(reference, model, depth=None, ref_model=None, master=True):
+    cact, enc, text = _parity_case(model)
+    d = cact.dims
+    dec = Decoder(cact, depth=depth)
+    ref_model = ref_model or model
+    # Without a forced language: the engine's language is the argmax over the tags after <s>.
+    first = dec.logits(enc, [d.bos])[0]
+    detected = d.first_tag + int(np.argmax(first[d.first_tag:]))
+    forced = d.first_tag + len(d.languages) - 1
+    rows = [[d.bos, detected, *text], [d.bos, forced, *text]]
+    mine = [dec.logits(enc, r) for r in rows]
+    shipped = _reference_logits(reference, _shipped(reference, ref_model), enc, rows)
+    assert detected == d.first_tag + int(np.argmax(shipped[0][0, d.first_tag:]))
+    for got, want in zip(mine, shipped):
+        assert np.abs(got - want).max() <= ATOL_SHIPPED
+        np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    if master:
+        for got, want in zip(mine, _reference_logits(reference, ref_model, enc, rows)):
+            assert np.abs(got - want).max() <= ATOL_MASTER
+            np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_teacher_forced_logits_match_reference_tiny(reference, tiny_model):
+    _check_parity(reference, tiny_model)
+
+
+def test_teacher_forced_logits_match_reference_odd(reference, odd_model):
+    _check_parity(reference, odd_model)
+
+
+def test_teacher_forced_logits_match_reference_full(reference, full_model):
+    _check_parity(reference, full_model)
+
+
+def test_ladder_depth_matches_sliced_reference_odd(reference, odd_model):
+    # 4 layers, order 0, 3, 1, 2: depth 2 keeps 0 and 3 and drops the engram site at layer 1.
+    rung = reference.ladder(odd_model, 2)
+    assert Decoder(CactFile(odd_model.path), depth=2).kept == (0, 3)
+    _check_parity(reference, odd_model, depth=2, ref_model=rung, master=False)
+
+
+def test_ladder_depth_4_runs_layers_0_3_5_7_and_matches_sliced_reference(reference, full_model):
+    rung = reference.ladder(full_model, 4)
+    assert Decoder(CactFile(full_model.path), depth=4).kept == (0, 3, 5, 7)
+    _check_parity(reference, full_model, depth=4, ref_model=rung, master=False)
+
+
+# ---------------------------------------------------------------- incremental decoding
+
+
+@pytest.fixture(scope="module")
+def odd_decoder(odd_model):
+    return Decoder(CactFile(odd_model.path))
+
+
+def test_incremental_steps_equal_teacher_forcing(odd_model, odd_decoder):
+    dec = odd_decoder
+    _, enc, text = _parity_case(odd_model, seed=5)
+    d = dec.dims
+    tokens = [d.bos, d.first_tag, *text]
+    forced = dec.logits(enc, tokens)
+    state = dec.start(enc, beams=5)
+    rows = [dec.feed(state, tokens[:2])[0, -1]]
+    for t in tokens[2:]:
+        rows.append(dec.step(state, np.array([0]), np.array([t]))[0])
+    assert np.abs(np.stack(rows) - forced[1:]).max() <= ATOL_STEP
+
+
+def test_beam_reorder_permutes_and_duplicates_histories(odd_model, odd_decoder):
+    """Rows fed different tokens, then reordered (a permutation, then duplicates and a drop): every
+    row's logits equal teacher forcing over that row's own history."""
+    dec = odd_decoder
+    _, enc, _ = _parity_case(odd_model, seed=6)
+    d = dec.dims
+    rng = np.random.default_rng(7)
+    state = dec.start(enc, beams=4)
+    history = [[d.bos, d.first_tag]]
+    dec.feed(state, history[0])
+    schedule = [np.array([0, 0, 0, 0]), np.array([3, 1, 2, 0]), np.array([2, 2, 0]), np.array([1, 0, 2, 2]),
+                np.array([3, 0, 1, 2])]
+    for step, parents in enumerate(schedule):
+        tokens = rng.integers(3, d.text_vocab, len(parents))
+        logits = dec.step(state, parents, tokens)
+        history = [history[p] + [int(t)] for p, t in zip(parents, tokens)]
+        for row, seq in enumerate(history):
+            want = dec.logits(enc, seq)[-1]
+            assert np.abs(logits[row] - want).max() <= ATOL_STEP, (step, row)
+
+
+def test_advance_fn_is_the_search_callback(odd_model, odd_decoder):
+    from whistle_stream.search import beam_search
+    dec = odd_decoder
+    _, enc, _ = _parity_case(odd_model, seed=8)
+    d = dec.dims
+    state = dec.start(enc, beams=5)
+    first = dec.feed(state, [d.bos, d.first_tag])[0, -1]
+    result = beam_search(first, dec.advance_fn(state), first_tag=d.first_tag, eos=d.eos,
+                         max_len=d.max_tokens, beams=5)
+    # The winner's log-probs, as the search saw them through the reordered caches, equal teacher
+    # forcing over the winner's own tokens (logits row 1 + j predicts token j).
+    n = len(result.tokens)
+    assert n >= 1
+    seq = [d.bos, d.first_tag, *result.tokens]
+    text = dec.logits(enc, seq)[1:1 + n, : d.first_tag].astype(np.float64)
+    lse = np.log(np.exp(text - text.max(1, keepdims=True)).sum(1)) + text.max(1)
+    lp = text[np.arange(n), result.tokens] - lse
+    np.testing.assert_allclose(lp, result.token_logprobs, atol=1e-3)
+
+
+def test_cross_attention_weights_are_distributions_per_layer_and_head(odd_model, odd_decoder):
+    dec = odd_decoder
+    _, enc, text = _parity_case(odd_model, seed=9)
+    d = dec.dims
+    tokens = [d.bos, d.first_tag, *text[:5]]
+    assert dec.alignment_layers == (2, 3)
+    w = dec.cross_attention_weights(enc, tokens)
+    assert w.shape == (2 * d.heads, len(tokens), enc.shape[0])
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+    assert (w >= 0).all()
+    w3 = dec.cross_attention_weights(enc, tokens, layers=[3])
+    np.testing.assert_array_equal(w3, w[d.heads:])
+
+
+# ---------------------------------------------------------------- boundary checks
+
+
+def test_bad_input_is_refused_with_what_is_accepted(odd_model, odd_decoder):
+    dec = odd_decoder
+    d = dec.dims
+    enc = np.zeros((4, d.width), np.float32)
+    with pytest.raises(ValueError, match=r"\(frames, 256\)"):
+        dec.start(np.zeros((4, 3), np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        dec.start(np.full((4, d.width), np.nan, np.float32))
+    state = dec.start(enc, beams=2)
+    with pytest.raises(ValueError, match="token ids must be in"):
+        dec.feed(state, [d.vocab])
+    dec.feed(state, [d.bos])
+    with pytest.raises(ValueError, match="parents must index"):
+        dec.step(state, np.array([1]), np.array([5]))
+    with pytest.raises(ValueError, match="exceed"):
+        dec.step(state, np.array([0, 0, 0]), np.array([5, 5, 5]))
+    with pytest.raises(ValueError, match="at most 128 positions"):
+        dec.feed(state, np.full(d.max_tokens, 5))
+    with pytest.raises(ValueError, match="not among the kept"):
+        dec.cross_attention_weights(enc, [d.bos], layers=[7])

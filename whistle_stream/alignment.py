@@ -1,0 +1,155 @@
+"""Word timestamps from cross-attention by dynamic time warping (guide §8, "Word times").
+
+The model runs a second, teacher-forced pass over the chosen transcript and collects the
+cross-attention weights of the active decoder layers in the upper half of the stack. Here those
+weights become word times: standardise each head's weights per frame across the tokens, sum the
+heads, find a monotonic token-to-frame path through the negative by DTW, and group tokens into words
+at pieces that begin with a space.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+from numba import njit
+
+SPACE_PIECE = "\u2581"  # sentencepiece's word-start marker
+_STD_FLOOR = 1e-6  # a frame every token attends to equally carries no timing information
+
+# trace codes: which neighbour a DTW cell was reached from
+_DIAG, _TOKEN, _FRAME = 0, 1, 2
+
+
+class Detokenizer(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@njit(cache=True, nogil=True)
+def _dtw(cost, acc, trace, path_tok, path_frm):  # pragma: no cover - compiled
+    """Fill acc (N+1, M+1) and trace (N+1, M+1) for cost (N, M); write the path backwards into
+    path_tok/path_frm (N+M,) from their start; return its length.
+
+    Steps: diagonal (next token, next frame), token (next token, same frame), frame (same token,
+    next frame); ties prefer diagonal, then token, then frame."""
+    n, m = cost.shape
+    acc[:, :] = np.inf
+    acc[0, 0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            c0 = acc[i - 1, j - 1]
+            c1 = acc[i - 1, j]
+            c2 = acc[i, j - 1]
+            if c0 <= c1 and c0 <= c2:
+                best, t = c0, _DIAG
+            elif c1 <= c2:
+                best, t = c1, _TOKEN
+            else:
+                best, t = c2, _FRAME
+            acc[i, j] = cost[i - 1, j - 1] + best
+            trace[i, j] = t
+    i, j, k = n, m, 0
+    while i > 0 and j > 0:
+        path_tok[k] = i - 1
+        path_frm[k] = j - 1
+        k += 1
+        t = trace[i, j]
+        if t == _DIAG:
+            i -= 1
+            j -= 1
+        elif t == _TOKEN:
+            i -= 1
+        else:
+            j -= 1
+    return k
+
+
+def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Minimum-cost monotonic path through a (tokens, frames) cost matrix, from (0, 0) to
+    (tokens-1, frames-1) with steps (1, 1), (1, 0), (0, 1). Returns (token_idx, frame_idx), int64
+    arrays of the same length, in path order."""
+    c = np.asarray(cost)
+    if c.ndim != 2 or c.shape[0] == 0 or c.shape[1] == 0:
+        raise ValueError(f"cost must be a non-empty 2-D (tokens, frames) array, got shape {c.shape}")
+    if not np.all(np.isfinite(c)):
+        raise ValueError("cost must be finite (no NaN or infinity)")
+    c = np.ascontiguousarray(c, dtype=np.float64)
+    n, m = c.shape
+    acc = np.empty((n + 1, m + 1), dtype=np.float64)
+    trace = np.zeros((n + 1, m + 1), dtype=np.int8)
+    path_tok = np.empty(n + m, dtype=np.int64)
+    path_frm = np.empty(n + m, dtype=np.int64)
+    k = _dtw(c, acc, trace, path_tok, path_frm)
+    return path_tok[:k][::-1].copy(), path_frm[:k][::-1].copy()
+
+
+def _word_starts(token_ids: Sequence[int], tokenizer) -> list[bool]:
+    """Whether each token begins a word: the first token, and every piece that begins with a space
+    (from `id_to_piece` when the tokenizer has it, else from the growth of incremental decodes)."""
+    to_piece = getattr(tokenizer, "id_to_piece", None)
+    if callable(to_piece):
+        return [i == 0 or str(to_piece(int(t))).startswith(SPACE_PIECE) for i, t in enumerate(token_ids)]
+    starts, prev = [], ""
+    for i in range(len(token_ids)):
+        text = tokenizer.decode([int(t) for t in token_ids[: i + 1]])
+        added = text[len(prev):] if text.startswith(prev) else text
+        starts.append(i == 0 or added[:1].isspace())
+        prev = text
+    return starts
+
+
+def token_frames(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's first frame and last frame + 1, (tokens,) int64 each, from cross-attention
+    weights (layers*heads, tokens, frames): per-head z-score over tokens, heads summed, DTW."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 3 or 0 in w.shape:
+        raise ValueError(f"weights must be a non-empty (layers*heads, tokens, frames) array, got shape {w.shape}")
+    mean = w.mean(axis=1, keepdims=True)  # (LH, 1, frames)
+    std = w.std(axis=1, keepdims=True)  # (LH, 1, frames)
+    z = (w - mean) / np.maximum(std, _STD_FLOOR)  # (LH, tokens, frames)
+    tok, frm = dtw_path(-z.sum(axis=0))  # (tokens, frames) cost
+    n = w.shape[1]
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(n, -1, dtype=np.int64)
+    np.minimum.at(first, tok, frm)
+    np.maximum.at(last, tok, frm)
+    return first, last + 1
+
+
+def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Sequence[float], tokenizer,
+               frame_seconds: float, offset_s: float = 0.0) -> list[dict]:
+    """Words with times from a teacher-forced pass (§8).
+
+    weights: (layers*heads, tokens, frames) cross-attention weights of the transcript's text tokens
+        (no prompt, no </s>) over the clip's encoder frames.
+    token_ids, token_probs: the text tokens and each one's probability (0..1).
+    tokenizer: has `decode(ids) -> str`, and preferably `id_to_piece(id) -> str`.
+    frame_seconds: seconds per encoder frame (0.08); offset_s: time of frame 0 in seconds.
+    Returns [{"word", "start", "end", "probability"}], times in seconds, rounded to ms,
+    non-decreasing and non-overlapping within [offset_s, offset_s + frames * frame_seconds].
+    """
+    w = np.asarray(weights)
+    n = len(token_ids)
+    if w.ndim != 3 or w.shape[1] != n or len(token_probs) != n:
+        raise ValueError(f"weights must be (layers*heads, tokens, frames) with tokens = len(token_ids) = "
+                         f"len(token_probs) = {n}, got weights {w.shape} and {len(token_probs)} probabilities")
+    if frame_seconds <= 0:
+        raise ValueError(f"frame_seconds must be positive, got {frame_seconds}")
+    if n == 0:
+        return []
+    first, end = token_frames(w)
+    probs = np.asarray(token_probs, dtype=np.float64)
+    starts = _word_starts(token_ids, tokenizer)
+    bounds = [i for i, s in enumerate(starts) if s] + [n]
+    lo, hi = offset_s, offset_s + w.shape[2] * frame_seconds
+    words: list[dict] = []
+    prev_end = lo
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        text = tokenizer.decode([int(t) for t in token_ids[a:b]]).strip()
+        if not text:
+            continue
+        start = min(max(round(offset_s + first[a] * frame_seconds, 3), prev_end), hi)
+        stop = min(max(round(offset_s + end[b - 1] * frame_seconds, 3), start), hi)
+        words.append({"word": text, "start": start, "end": stop, "probability": float(probs[a:b].mean())})
+        prev_end = stop
+    return words

@@ -1,0 +1,152 @@
+"""The streaming commit policy: commit the words two consecutive passes agree on (guide §8).
+
+A small pure class, fed one hypothesis per pass and returning dataclasses; no audio, no model.
+Each pass re-transcribes the stream's buffer, so it repeats words that are already committed. Those
+are set aside first (words lying mostly before the committed time horizon, then a repeat of the
+committed tail near the horizon), a loop at the hypothesis end is cut back to one copy (§6 loop
+rule, on word texts), and the longest prefix on which this pass and the previous one agree word for
+word is committed. Committed words never change; the rest of the pass is pending.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Sequence
+
+from .search import LOOP_MAX_UNIT, LOOP_REPEATS, cut_loop, find_loop
+
+_EPS = 1e-6
+REPEAT_WINDOW_S = 0.25  # DTW word times shift by a frame or two (80 ms each) between passes
+REPEAT_WORDS = 5  # the longest committed tail a new pass is checked for repeating
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word of a hypothesis; times in seconds from the stream start."""
+
+    word: str
+    start: float
+    end: float
+    probability: float = 1.0
+
+    @classmethod
+    def coerce(cls, item: "Word | dict") -> "Word":
+        """A Word from a Word or a {"word", "start", "end"[, "probability"]} dict."""
+        if isinstance(item, Word):
+            return item
+        if not isinstance(item, dict):
+            raise TypeError(f"words must be Word objects or dicts with word/start/end, got {type(item).__name__}")
+        try:
+            return cls(str(item["word"]), float(item["start"]), float(item["end"]),
+                       float(item.get("probability", 1.0)))
+        except KeyError as e:
+            raise ValueError(f"a word dict needs the keys word, start and end; missing {e}") from e
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """committed: every word committed so far (it only grows); new: the words this call committed;
+    pending: the current hypothesis beyond the committed words (may still change)."""
+
+    committed: list[Word]
+    pending: list[Word]
+    new: list[Word] = field(default_factory=list)
+
+
+def normalise(text: str) -> str:
+    """Word text for comparison: case-folded, punctuation stripped from both ends ("Hello," = "hello")."""
+    folded = text.casefold().strip()
+    lo, hi = 0, len(folded)
+    while lo < hi and unicodedata.category(folded[lo])[0] in "PS":
+        lo += 1
+    while hi > lo and unicodedata.category(folded[hi - 1])[0] in "PS":
+        hi -= 1
+    return folded[lo:hi] or folded  # a word of pure punctuation compares as itself
+
+
+class CommitPolicy:
+    """Two-pass agreement over a stream of hypotheses.
+
+    repeat_words / repeat_window_s: a pass whose first word beyond the horizon starts less than
+    `repeat_window_s` after it, and whose first up to `repeat_words` words equal the committed tail,
+    is re-reading committed audio with shifted times; those words are not committed twice.
+    """
+
+    def __init__(self, *, repeat_words: int = REPEAT_WORDS, repeat_window_s: float = REPEAT_WINDOW_S,
+                 loop_max_unit: int = LOOP_MAX_UNIT, loop_repeats: int = LOOP_REPEATS):
+        self._committed: list[Word] = []
+        self._previous: list[Word] = []
+        self._pending: list[Word] = []
+        self.repeat_words = repeat_words
+        self.repeat_window_s = repeat_window_s
+        self.loop_max_unit = loop_max_unit
+        self.loop_repeats = loop_repeats
+
+    @property
+    def committed(self) -> list[Word]:
+        return list(self._committed)
+
+    @property
+    def committed_until_s(self) -> float:
+        """End of the last committed word in seconds (0.0 before any); audio before it can be trimmed."""
+        return self._committed[-1].end if self._committed else 0.0
+
+    def update(self, words: Iterable[Word | dict]) -> CommitResult:
+        """Take one pass's hypothesis (words over the whole buffer, stream times) and commit what it
+        and the previous pass agree on beyond the committed words."""
+        current = [Word.coerce(w) for w in words]
+        tail = self._beyond_committed(current)
+        before = self._beyond_committed(self._previous)
+        agree = 0
+        while agree < min(len(tail), len(before)) and \
+                normalise(tail[agree].word) == normalise(before[agree].word):
+            agree += 1
+        new = self._commit(tail[:agree])
+        self._pending = tail[agree:]
+        self._previous = current
+        return CommitResult(committed=self.committed, pending=list(self._pending), new=new)
+
+    def flush(self) -> CommitResult:
+        """Commit everything pending (end of stream or of an utterance) and forget the last pass."""
+        new = self._commit(self._pending)
+        self._pending, self._previous = [], []
+        return CommitResult(committed=self.committed, pending=[], new=new)
+
+    def commit_through(self, until_s: float) -> CommitResult:
+        """Commit the pending words that end by `until_s` (seconds), agreed or not: the streaming
+        buffer is full and its oldest audio must go (the long-audio cut rule of §8 picks `until_s`)."""
+        keep = [w for w in self._pending if w.end <= until_s + _EPS]
+        new = self._commit(keep)
+        self._pending = self._pending[len(keep):]
+        return CommitResult(committed=self.committed, pending=list(self._pending), new=new)
+
+    def _beyond_committed(self, words: Sequence[Word]) -> list[Word]:
+        """The words of a pass that extend the committed text, with a trailing loop cut back."""
+        horizon = self.committed_until_s
+        tail = [w for w in words if w.end > horizon + _EPS and (w.start + w.end) / 2 >= horizon - _EPS] \
+            if self._committed else list(words)
+        if tail and self._committed and tail[0].start < horizon + self.repeat_window_s:
+            done = [normalise(w.word) for w in self._committed[-self.repeat_words:]]
+            for k in range(min(len(done), len(tail)), 0, -1):  # the longest repeat of the committed tail
+                if done[len(done) - k:] == [normalise(w.word) for w in tail[:k]]:
+                    tail = tail[k:]
+                    break
+        texts = [normalise(w.word) for w in self._committed] + [normalise(w.word) for w in tail]
+        if find_loop(texts, self.loop_max_unit, self.loop_repeats):
+            keep = len(cut_loop(texts, self.loop_max_unit, self.loop_repeats))
+            tail = tail[: max(0, keep - len(self._committed))]
+        return tail
+
+    def _commit(self, words: Sequence[Word]) -> list[Word]:
+        """Append words, keeping committed times non-decreasing and non-overlapping."""
+        new = []
+        for w in words:
+            start = max(w.start, self.committed_until_s)
+            word = Word(w.word, start, max(w.end, start), w.probability)
+            self._committed.append(word)
+            new.append(word)
+        return new

@@ -1,0 +1,253 @@
+"""Stem and encoder stack: log-mel features -> (frames, width) float32, one row per 80 ms.
+
+Guide §3 (stem), §6 (encoder block) and needle `whistle.Stem` / `EncoderBlock` / `LaneStack`.
+Only valid frames are computed: the reference's padded frames are masked out of every path
+that reaches a valid frame (stem masks, attention key mask, the conv module's `valid`), so
+running exactly the valid frames with zero padding gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import blocks as B
+from . import frontend
+from . import kernels as K
+
+
+
+# ---------------------------------------------------------------- stem kernels
+
+
+@njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
+def _stem_conv_in(x, w, out):
+    """3x3 stride-2 conv, zero padding 1, one input channel -> C, fused SiLU.
+
+    x (T, M) features; w (9, C) with row 3 * time + mel; out (ceil(T/2), ceil(M/2), C).
+    Cross-correlation as lax.conv_general_dilated computes it (the kernel is not flipped).
+    """
+    t_in, m_in = x.shape
+    t_out, m_out, c_dim = out.shape
+    for t in range(t_out):
+        for f in range(m_out):
+            o = out[t, f]
+            for c in range(c_dim):
+                o[c] = 0.0
+            for i in range(3):
+                ti = 2 * t + i - 1
+                if ti < 0 or ti >= t_in:
+                    continue
+                for j in range(3):
+                    fj = 2 * f + j - 1
+                    if fj < 0 or fj >= m_in:
+                        continue
+                    v = x[ti, fj]
+                    wk = w[3 * i + j]
+                    for c in range(c_dim):
+                        o[c] += v * wk[c]
+            for c in range(c_dim):
+                o[c] = o[c] / (np.float32(1.0) + np.exp(-o[c]))
+
+
+@njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
+def _stem_depthwise(x, w, out):
+    """Depthwise 3x3 stride-2 conv, zero padding 1: x (T, M, C), w (9, C), out (ceil(T/2), ceil(M/2), C)."""
+    t_in, m_in, c_dim = x.shape
+    t_out, m_out, _ = out.shape
+    for t in range(t_out):
+        for f in range(m_out):
+            o = out[t, f]
+            for c in range(c_dim):
+                o[c] = 0.0
+            for i in range(3):
+                ti = 2 * t + i - 1
+                if ti < 0 or ti >= t_in:
+                    continue
+                for j in range(3):
+                    fj = 2 * f + j - 1
+                    if fj < 0 or fj >= m_in:
+                        continue
+                    xv = x[ti, fj]
+                    wk = w[3 * i + j]
+                    for c in range(c_dim):
+                        o[c] += xv[c] * wk[c]
+
+
+@njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
+def _conv_time_glu(h, w, out):
+    """GLU then depthwise conv over time, "SAME" zero padding, kernel applied unflipped.
+
+    h (T, 2C) = pw1 output; g = h[:, :C] * sigmoid(h[:, C:]);
+    out[t, c] = sum_k g[t + k - (K - 1) // 2, c] * w[k, c], w (K, C).
+    """
+    t_dim = h.shape[0]
+    taps, c_dim = w.shape
+    left = (taps - 1) // 2
+    g = np.empty((t_dim, c_dim), np.float32)
+    for t in range(t_dim):
+        for c in range(c_dim):
+            g[t, c] = h[t, c] / (np.float32(1.0) + np.exp(-h[t, c_dim + c]))
+    for t in range(t_dim):
+        o = out[t]
+        for c in range(c_dim):
+            o[c] = 0.0
+        for k in range(taps):
+            s = t + k - left
+            if s < 0 or s >= t_dim:
+                continue
+            gs = g[s]
+            wk = w[k]
+            for c in range(c_dim):
+                o[c] += gs[c] * wk[c]
+
+
+def halve(n: int) -> int:
+    """A stride-2 stage with padding 1 and kernel 3: n -> ceil(n / 2)."""
+    return (n + 1) // 2
+
+
+# ---------------------------------------------------------------- stem
+
+
+class Stem:
+    """§3 stem: conv 3x3/2 + SiLU, then (depthwise 3x3/2, pointwise, SiLU) per later stage,
+    channel-major flatten, int8 fake-quant, projection to the width. No biases."""
+
+    def __init__(self, cact):
+        d = cact.dims
+        self.stages = d.stem_stages
+        self.w = np.ascontiguousarray(cact.array("stem.w"), np.float32)  # (9, C)
+        self.dw = [np.ascontiguousarray(cact.array(f"stem.dw_{i}"), np.float32) for i in range(1, self.stages)]
+        self.pw = [B.Linear.from_cact(cact, f"stem.pw_{i}") for i in range(1, self.stages)]
+        self.out = B.Linear.from_cact(cact, "stem.out")
+        self.channels = self.w.shape[1]
+
+    def __call__(self, feats: np.ndarray) -> np.ndarray:
+        """feats (T, mels) float32 -> (frames, width) with frames = T halved `stages` times."""
+        t, m = feats.shape
+        c = self.channels
+        x = np.empty((halve(t), halve(m), c), np.float32)
+        _stem_conv_in(np.ascontiguousarray(feats, np.float32), self.w, x)
+        for dw, pw in zip(self.dw, self.pw):
+            y = np.empty((halve(x.shape[0]), halve(x.shape[1]), c), np.float32)
+            _stem_depthwise(x, dw, y)
+            rows = y.shape[0] * y.shape[1]
+            x = pw(y.reshape(rows, c))
+            K._silu_inplace(x)
+            x = x.reshape(y.shape)
+        frames = x.shape[0]
+        flat = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(frames, -1)  # index mel_bands * c + f
+        return self.out(B.fake_quant_int8(flat))
+
+
+# ---------------------------------------------------------------- encoder block
+
+
+class EncoderBlock:
+    """One macaron block (§6):
+    x = x + 0.5 * mlp0(pre_hada_norm_0(x))
+    x = x + sigmoid(attn_gate) * post_attn_norm(attention(ZCRMSNorm_0(x)))
+    x = x + pw2(int8(silu(conv_out_norm(depthwise(glu(pw1(int8(conv_norm(x)))))))))
+    x = x + 0.5 * mlp(pre_hada_norm(x))
+    """
+
+    def __init__(self, cact, layer: int):
+        d = cact.dims
+        p = f"encoder{layer:02d}."
+        self.width, self.heads, self.kv_heads = d.width, d.heads, d.kv_heads
+        self.qk_dim, self.v_dim = d.qk_dim, d.v_dim
+        norm = {k: cact.array(p + k) for k in ("pre_hada_norm_0", "ZCRMSNorm_0", "post_attn_norm",
+                                               "conv_norm", "conv_out_norm", "pre_hada_norm")}
+        self.norm = norm
+        self.q_norm, self.k_norm = cact.array(p + "q_norm"), cact.array(p + "k_norm")
+        self.attn_gate = np.float32(1.0 / (1.0 + np.exp(-np.float64(cact.array(p + "attn_gate")[0]))))
+        # Q, K, V and the attention gate all read the same int8 input: one product.
+        proj = [cact.array(p + n) for n in ("q_proj", "k_proj", "v_proj", "gate_proj")]
+        self.splits = np.cumsum([w.shape[0] for w in proj])[:-1]
+        self.qkvg = B.Linear(np.concatenate(proj))
+        self.out_proj = B.Linear.from_cact(cact, p + "out_proj")
+        self.pw1 = B.Linear.from_cact(cact, p + "pw1")
+        self.pw2 = B.Linear.from_cact(cact, p + "pw2")
+        self.dw = np.ascontiguousarray(cact.array(p + "dw"), np.float32)  # (conv_kernel, width)
+        self.mlp0 = B.HadamardMLP.from_cact(cact, p + "hadamard_mlp_0", d.width)
+        self.mlp = B.HadamardMLP.from_cact(cact, p + "hadamard_mlp", d.width)
+
+    def attention(self, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        t = h.shape[0]
+        a = B.fake_quant_int8(h)
+        q, k, v, g = np.split(self.qkvg(a), self.splits, axis=1)
+        q = B.zc_rmsnorm(q.reshape(t, self.heads, self.qk_dim), self.q_norm)
+        k = B.zc_rmsnorm(k.reshape(t, self.kv_heads, self.qk_dim), self.k_norm)
+        q = B.fake_quant_int8(B.apply_rope(q, cos, sin))  # per-head int8 (maybe_quant_query)
+        k = B.fake_quant_int8(B.apply_rope(k, cos, sin))  # per-head int8 KV
+        v = B.fake_quant_int8(v.reshape(t, self.kv_heads, self.v_dim))
+        o = B.attend(q, k, v)  # (T, heads * v_dim), bidirectional over the clip
+        K._sigmoid_inplace(g)
+        o *= g
+        return self.out_proj(B.fake_quant_int8(o))
+
+    def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        n = self.norm
+        x = x + np.float32(0.5) * self.mlp0(B.zc_rmsnorm(x, n["pre_hada_norm_0"]))
+        h = self.attention(B.zc_rmsnorm(x, n["ZCRMSNorm_0"]), cos, sin)
+        x = x + self.attn_gate * B.zc_rmsnorm(h, n["post_attn_norm"])
+        h = self.pw1(B.fake_quant_int8(B.zc_rmsnorm(x, n["conv_norm"])))  # (T, 2 * width)
+        c = np.empty((x.shape[0], self.width), np.float32)
+        _conv_time_glu(h, self.dw, c)
+        c = B.zc_rmsnorm(c, n["conv_out_norm"])
+        K._silu_inplace(c)
+        x = x + self.pw2(B.fake_quant_int8(c))
+        return x + np.float32(0.5) * self.mlp(B.zc_rmsnorm(x, n["pre_hada_norm"]))
+
+
+# ---------------------------------------------------------------- encoder
+
+
+class Encoder:
+    """Stem + encoder stack of a .cact model. Weights are read once and shared read-only."""
+
+    def __init__(self, cact):
+        d = cact.dims
+        self.dims = d
+        self.mel = np.ascontiguousarray(cact.mel, np.float32)
+        self.stem = Stem(cact)
+        self.blocks = [EncoderBlock(cact, i) for i in range(d.enc_layers)]
+        self.lanes = B.LaneMixer(cact, "encoder.", d.enc_layers, d.enc_lanes, d.width)
+
+    def frames_for(self, samples: int) -> int:
+        """Encoder frames for a clip of `samples` samples at 16 kHz."""
+        n = samples // self.dims.hop
+        for _ in range(self.dims.stem_stages):
+            n = halve(n)
+        return n
+
+    def features(self, pcm: np.ndarray) -> np.ndarray:
+        """§3 front end of float32 16 kHz samples: (samples // hop, mels)."""
+        return frontend.features(pcm, self.mel, self.dims.hop, self.dims.win)
+
+    def encode(self, feats: np.ndarray) -> np.ndarray:
+        """Normalised log-mel features (T, mels) -> encoder output (frames, width) float32."""
+        d = self.dims
+        feats = np.asarray(feats, np.float32)
+        if feats.ndim != 2 or feats.shape[1] != d.mels:
+            raise ValueError(f"features must be (frames, {d.mels}) float32, got shape {feats.shape}")
+        if feats.shape[0] == 0:
+            return np.zeros((0, d.width), np.float32)
+        x = self.stem(feats)
+        cos, sin = B.rope_tables(d.qk_dim, np.arange(x.shape[0]), d.rope_theta)
+        stream = self.lanes.expand(x)
+        for i, block in enumerate(self.blocks):
+            stream = self.lanes.step(i, stream, lambda u, b=block: b(u, cos, sin))
+        return self.lanes.collapse(stream)
+
+    def embed(self, audio, rate: int | None = None) -> np.ndarray:
+        """Audio (see frontend.load_audio) -> (frames, width) float32, one row per 80 ms.
+        An empty or sub-frame clip gives a (0, width) array."""
+        pcm = frontend.load_audio(audio, rate)
+        return self.encode(self.features(pcm))
+
+
+def embed(cact, audio, rate: int | None = None) -> np.ndarray:
+    """One-shot helper: build the encoder of `cact` and embed `audio` (see Encoder.embed)."""
+    return Encoder(cact).embed(audio, rate)
