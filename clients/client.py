@@ -131,8 +131,10 @@ class ListenClient:
             raise ServerUnreachable(f"cannot reach {self.server}: {e.__class__.__name__}: {e} "
                                     "(is `whistle-stream serve` running?)") from e
         message = await self.receive()
+        while isinstance(message, P.Error):   # refused: the close code that follows says why
+            message = await self.receive()    # raises AuthFailed / SessionEnded at the close
         if not isinstance(message, P.Ready):
-            raise SessionEnded(f"expected ready, got {message}")
+            raise SessionEnded(f"expected ready, got {P.encode(message)}")
         self.ready = message
         return message
 

@@ -458,6 +458,9 @@ class SessionRunner:
         self.session.closing()
         if reason in ("disconnected", "slow_client"):
             return
+        # Keep reading (and dropping) what the client still sends: unread frames would stall the
+        # closing handshake behind them.
+        discard = asyncio.create_task(self._discard())
         if error is not None:
             self._emit([error])
         if not worker.done():
@@ -478,6 +481,14 @@ class SessionRunner:
             pass
         try:
             await self.conn.close(close_code, reason[:60])
+        except ConnectionClosed:
+            pass
+        discard.cancel()
+
+    async def _discard(self) -> None:
+        try:
+            while True:
+                await self.conn.recv()
         except ConnectionClosed:
             pass
 

@@ -21,11 +21,10 @@ def env(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    """A small real .cact from the reference harness (built once, cached under tests/.cache)."""
-    reference = pytest.importorskip("tests.harness.reference")
-    return reference.build_model("tiny").path
+@pytest.fixture
+def tiny_cact(tiny_model):
+    """The .cact of the harness's "tiny" reference model (conftest builds it once)."""
+    return tiny_model.path
 
 
 def run(capsys, *argv):
@@ -45,15 +44,14 @@ def assert_one_line_error(code, err, *fragments):
 # ---------------------------------------------------------------------------------------------
 # info
 
-@pytest.mark.reference
-def test_info_prints_dims_languages_records_sizes_and_sha(env, tiny_model, capsys):
+def test_info_prints_dims_languages_records_sizes_and_sha(env, tiny_cact, capsys):
     from whistle_stream.container import CactFile
 
-    code, out, err = run(capsys, "info", str(tiny_model))
+    code, out, err = run(capsys, "info", str(tiny_cact))
     assert code == 0 and err == ""
-    with CactFile(tiny_model) as cact:
+    with CactFile(tiny_cact) as cact:
         dims, records, by_kind = cact.dims, len(cact.records), cact.bytes_by_kind()
-    assert hashlib.sha256(tiny_model.read_bytes()).hexdigest() in out
+    assert hashlib.sha256(tiny_cact.read_bytes()).hexdigest() in out
     assert f"records    {records}\n" in out
     assert f"languages  {', '.join(dims.languages)}\n" in out
     for kind, size in by_kind.items():
@@ -63,42 +61,38 @@ def test_info_prints_dims_languages_records_sizes_and_sha(env, tiny_model, capsy
     assert "custom model" in out
 
 
-@pytest.mark.reference
-def test_info_json_holds_the_same_facts(env, tiny_model, capsys):
+def test_info_json_holds_the_same_facts(env, tiny_cact, capsys):
     from whistle_stream.container import CactFile
 
-    code, out, _ = run(capsys, "info", str(tiny_model), "--json")
+    code, out, _ = run(capsys, "info", str(tiny_cact), "--json")
     info = json.loads(out)
-    with CactFile(tiny_model) as cact:
+    with CactFile(tiny_cact) as cact:
         assert info["records"] == len(cact.records)
         assert info["dims"]["text_vocab"] == cact.dims.text_vocab
         assert info["bytes_by_dtype"] == cact.bytes_by_kind()
-    assert info["size"] == tiny_model.stat().st_size
+    assert info["size"] == tiny_cact.stat().st_size
     assert sum(info["bytes_by_dtype"].values()) < info["size"]  # header, directory and padding are the rest
     assert info["resolved_as"] == "explicit"
 
 
-@pytest.mark.reference
-def test_info_without_a_path_uses_the_resolved_model(env, tiny_model, capsys, monkeypatch):
-    monkeypatch.setenv(models.ENV_MODEL, str(tiny_model))
+def test_info_without_a_path_uses_the_resolved_model(env, tiny_cact, capsys, monkeypatch):
+    monkeypatch.setenv(models.ENV_MODEL, str(tiny_cact))
     code, out, _ = run(capsys, "info", "--json")
     assert code == 0
     assert json.loads(out)["resolved_as"] == "env"
 
 
-@pytest.mark.reference
-def test_info_names_the_demo_model_by_its_manifest_sha(env, tiny_model, capsys, monkeypatch):
+def test_info_names_the_demo_model_by_its_manifest_sha(env, tiny_cact, capsys, monkeypatch):
     manifest = env / "demo.json"
-    manifest.write_text(json.dumps({"sha256": hashlib.sha256(tiny_model.read_bytes()).hexdigest()}))
+    manifest.write_text(json.dumps({"sha256": hashlib.sha256(tiny_cact.read_bytes()).hexdigest()}))
     monkeypatch.setattr(models, "demo_manifest_path", lambda: manifest)
-    code, out, _ = run(capsys, "info", str(tiny_model))
+    code, out, _ = run(capsys, "info", str(tiny_cact))
     assert code == 0 and "demo model" in out
 
 
-@pytest.mark.reference
-def test_info_names_the_published_full_model_by_its_sha(env, tiny_model, capsys, monkeypatch):
-    monkeypatch.setattr(models, "MODEL_SHA256", hashlib.sha256(tiny_model.read_bytes()).hexdigest())
-    code, out, _ = run(capsys, "info", str(tiny_model))
+def test_info_names_the_published_full_model_by_its_sha(env, tiny_cact, capsys, monkeypatch):
+    monkeypatch.setattr(models, "MODEL_SHA256", hashlib.sha256(tiny_cact.read_bytes()).hexdigest())
+    code, out, _ = run(capsys, "info", str(tiny_cact))
     assert code == 0 and "full model" in out
 
 
@@ -241,8 +235,7 @@ def test_transcribe_an_option_the_engine_refuses_exits_2(fake_whistle, capsys, m
 
 
 @pytest.mark.slow
-@pytest.mark.reference
-def test_transcribe_runs_the_engine_end_to_end(env, tiny_model, capsys):
+def test_transcribe_runs_the_engine_end_to_end(env, tiny_cact, capsys):
     """The real Whistle on a random tiny model: the text is noise, but the pipeline and JSON are real."""
     import wave
 
@@ -257,10 +250,10 @@ def test_transcribe_runs_the_engine_end_to_end(env, tiny_model, capsys):
     with wave.open(str(clip), "wb") as w:
         w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
         w.writeframes((pcm * 32767).astype("<i2").tobytes())
-    code, out, err = run(capsys, "transcribe", str(clip), "--model", str(tiny_model), "--json", "--beams", "2")
+    code, out, err = run(capsys, "transcribe", str(clip), "--model", str(tiny_cact), "--json", "--beams", "2")
     assert code == 0, err
     result = json.loads(out)
-    with CactFile(tiny_model) as cact:
+    with CactFile(tiny_cact) as cact:
         assert result["language"] in cact.dims.languages
     assert isinstance(result["text"], str)
 

@@ -302,3 +302,27 @@ def test_a_single_biased_beam_takes_the_best_biased_candidate():
     got = beam_search(dec.logits(()), dec.advance, first_tag=len(PIECES), eos=EOS, max_len=40, beams=1,
                       biaser=KeywordBiaser.build(["Kaliko"], TOK, SPECIAL_IDS))
     assert got.tokens == [KA, LI, KO]
+
+
+def _project_tokenizer(sp, languages=("en", "de")):
+    """The engine's own Tokenizer over a trained sentencepiece vocabulary plus language tags."""
+    from whistle_stream.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED, Tokenizer
+
+    n = sp.get_piece_size()
+    types = [UNKNOWN if sp.is_unknown(i) else CONTROL if sp.is_control(i) else BYTE if sp.is_byte(i) else NORMAL
+             for i in range(n)]
+    pieces = [sp.id_to_piece(i) for i in range(n)] + [f"<|{c}|>" for c in languages]
+    return Tokenizer(pieces, [sp.get_score(i) for i in range(n)] + [0.0] * len(languages),
+                     types + [USER_DEFINED] * len(languages), pad=max(sp.pad_id(), 0), eos=sp.eos_id(),
+                     bos=sp.bos_id(), unk=sp.unk_id(), add_dummy_prefix=True, byte_fallback=False)
+
+
+def test_the_engine_tokenizer_with_a_dummy_prefix_matches_inside_and_first():
+    tok = _project_tokenizer(_train_sentencepiece(True))
+    assert tok.encode(" kaliko")[0] != tok.encode("kaliko")[0]  # "▁" + "▁kaliko": not the in-text form
+    special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
+    b = KeywordBiaser.build(["Kaliko"], tok, special)
+    assert b.anywhere == [tuple(tok.encode("kaliko"))] and b.first_only == []
+    n = len(tok.encode("kaliko"))
+    assert sum(feed(b, tok.encode("we met kaliko in the city"))) == pytest.approx(2.0 * n)
+    assert sum(feed(b, tok.encode("kaliko in the city"))) == pytest.approx(2.0 * n)

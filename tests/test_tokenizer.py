@@ -347,18 +347,15 @@ def test_mutated_blobs_parse_or_raise_model_format_error(identity, data):
     assert tok.decode(tok.encode("hello world")) is not None
 
 
-@pytest.mark.reference
-def test_tokenizer_read_from_a_harness_cact_equals_its_sentencepiece():
+def test_tokenizer_read_from_a_harness_cact_equals_its_sentencepiece(tiny_model):
     """The blob as the container hands it over, against the harness's own (nmt_nfkc) tokenizer."""
-    reference = pytest.importorskip("tests.harness.reference")
-    from tests.harness.corpus import CORPUS as HARNESS_CORPUS
+    from harness.corpus import CORPUS as HARNESS_CORPUS
     from whistle_stream.container import CactFile
 
-    model = reference.build_model("tiny")
-    with CactFile(model.path) as cact:
+    with CactFile(tiny_model.path) as cact:
         tok = Tokenizer.from_blob(cact.tokenizer_blob)
-    assert tok.languages == tuple(model.cfg.languages)
+    assert tok.languages == tuple(tiny_model.cfg.languages)
     lines = [line for text in HARNESS_CORPUS.values() for line in text.splitlines() if line.strip()]
     for line in lines + ["emoji 🎉 and 日本語 fall back to bytes"]:
-        assert tok.encode(line) == model.sp.encode(line), line
-        assert tok.decode(tok.encode(line)) == model.sp.decode(model.sp.encode(line))
+        assert tok.encode(line) == tiny_model.sp.encode(line), line
+        assert tok.decode(tok.encode(line)) == tiny_model.sp.decode(tiny_model.sp.encode(line))

@@ -83,7 +83,7 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return path_tok[:k][::-1].copy(), path_frm[:k][::-1].copy()
 
 
-def _word_starts(token_ids: Sequence[int], tokenizer) -> list[bool]:
+def _word_starts(token_ids: Sequence[int], tokenizer: Detokenizer) -> list[bool]:
     """Whether each token begins a word: the first token, and every piece that begins with a space
     (from `id_to_piece` when the tokenizer has it, else from the growth of incremental decodes)."""
     to_piece = getattr(tokenizer, "id_to_piece", None)
@@ -116,8 +116,8 @@ def token_frames(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return first, last + 1
 
 
-def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Sequence[float], tokenizer,
-               frame_seconds: float, offset_s: float = 0.0) -> list[dict]:
+def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Sequence[float],
+               tokenizer: Detokenizer, frame_seconds: float, offset_s: float = 0.0) -> list[dict]:
     """Words with times from a teacher-forced pass (§8).
 
     weights: (layers*heads, tokens, frames) cross-attention weights of the transcript's text tokens

@@ -8,7 +8,8 @@ The decoder is hidden behind two things: the logits of the first text position, 
 - every live beam proposes its `candidates` best text tokens (ids below `first_tag`, </s> among
   them), log-softmax normalised over the text ids only;
 - a proposal scores the beam's running log probability plus the token's (plus a keyword bias, §7);
-- all proposals are sorted together (score descending, then lower beam index, then lower token id)
+- all proposals are sorted together (score descending, then lower beam index, then the beam's
+  better-ranked token: higher log probability, then lower id)
   and taken in order until `beams` beams are live; a proposal that ends the transcript (</s>, a
   loop, or the length cap) finishes instead of taking a beam, scored as log probability / tokens;
 - the search stops once `beams` transcripts have finished or no beam is left; best finished wins.
@@ -82,13 +83,15 @@ def cut_loop(tokens: Sequence, max_unit: int = LOOP_MAX_UNIT, repeats: int = LOO
     return items
 
 
-def _text_logprobs(logits: np.ndarray, text_vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """Raw text logits (B, text_vocab) float32 and each row's log normaliser (B,) float64."""
+def _text_logprobs(logits: np.ndarray, text_vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Text logits (B, text_vocab) float32, and in float64 each row's max (B,) and log of the
+    softmax mass (B,), so that log p(t) = (x[t] - max) - log_mass: exactly log_softmax in float64
+    (the reference oracle's arithmetic, so that equal scores stay equal and ties break alike)."""
     text = logits[:, :text_vocab]  # (B, text_vocab)
-    top = text.max(axis=1)  # (B,)
-    # float32 exp (SIMD; float64 exp is ~25x slower here), float64 sum: within 1e-7 of float64 throughout
-    mass = np.exp(text - top[:, None]).sum(axis=1, dtype=np.float64)  # (B,)
-    return text, top.astype(np.float64) + np.log(mass)
+    wide = text.astype(np.float64)  # (B, text_vocab)
+    top = wide.max(axis=1, keepdims=True)  # (B, 1)
+    log_mass = np.log(np.exp(wide - top).sum(axis=1))  # (B,)
+    return text, top[:, 0], log_mass
 
 
 _CHUNK = 128  # top-k prefilter: chunk maxima bound the k-th largest value from below
@@ -167,9 +170,10 @@ def beam_search(
 
     while True:
         n_live = len(live_tokens)
-        text, lse = _text_logprobs(logits, first_tag)
+        text, top, log_mass = _text_logprobs(logits, first_tag)
         cand = _top_candidates(text, candidates)  # (B, k)
-        cand_lp = np.take_along_axis(text, cand, axis=1).astype(np.float64) - lse[:, None]  # (B, k)
+        cand_x = np.take_along_axis(text, cand, axis=1).astype(np.float64)  # (B, k)
+        cand_lp = (cand_x - top[:, None]) - log_mass[:, None]  # (B, k)
         scores = live_score[:, None] + cand_lp  # (B, k)
         new_states = None
         if biaser is not None:
@@ -180,7 +184,8 @@ def beam_search(
                 new_states.append(states)
         flat_scores = scores.ravel()
         beam_of = np.repeat(np.arange(n_live), cand.shape[1])
-        order = np.lexsort((cand.ravel(), beam_of, -flat_scores))
+        rank = np.tile(np.arange(cand.shape[1]), n_live)  # within a beam: better token first, then lower id
+        order = np.lexsort((rank, beam_of, -flat_scores))
 
         parents: list[int] = []
         fed: list[int] = []
@@ -230,9 +235,9 @@ def _greedy(logits: np.ndarray, advance, first_tag: int, eos: int, cap: int, voc
     lps: list[float] = []
     total = 0.0
     while True:
-        text, lse = _text_logprobs(logits, first_tag)
+        text, top, log_mass = _text_logprobs(logits, first_tag)
         tok = int(np.argmax(text[0]))
-        lp = float(np.float64(text[0, tok]) - lse[0])
+        lp = float((np.float64(text[0, tok]) - top[0]) - log_mass[0])
         total += lp
         if tok == eos:
             return SearchResult(tokens, total / (len(tokens) + 1), "eos", lps)

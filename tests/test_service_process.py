@@ -1,0 +1,100 @@
+"""The server as a process: flags and WHISTLE_* variables, JSON logs, and the SIGTERM drain."""
+
+import argparse
+import asyncio
+import json
+import signal
+
+import numpy as np
+import pytest
+
+from clients.client import ListenClient, ServerUnreachable, SessionEnded
+from fakes import FakeWhistle, start_server_process, stream_reference
+from service import protocol as P
+from service.config import ServiceConfig, add_serve_arguments, config_from_args
+
+
+def parse(argv, environ=None):
+    args = add_serve_arguments(argparse.ArgumentParser()).parse_args(argv)
+    return config_from_args(args, environ=environ or {})
+
+
+def test_flags_beat_environment_variables_which_beat_defaults():
+    env = {"WHISTLE_PORT": "9000", "WHISTLE_MAX_SESSIONS": "5", "WHISTLE_ALLOWED_ORIGINS": "http://a, http://b"}
+    c = parse(["--port", "9100", "--token", "t"], env)
+    assert (c.port, c.max_sessions, c.token, c.allowed_origins) == (9100, 5, "t", ("http://a", "http://b"))
+    assert c.idle_timeout == ServiceConfig().idle_timeout and c.host == "127.0.0.1"
+
+
+def test_every_setting_has_a_flag_and_an_environment_variable():
+    from dataclasses import fields
+    help_text = add_serve_arguments(argparse.ArgumentParser()).format_help()
+    for f in fields(ServiceConfig):
+        assert "--" + f.name.replace("_", "-") in help_text
+        assert "WHISTLE_" + f.name.upper() in help_text
+
+
+@pytest.mark.parametrize("argv, env, needle", [
+    (["--port", "eighty"], {}, "--port"),
+    ([], {"WHISTLE_WORKERS": "0"}, "workers"),
+    (["--vad-aggressiveness", "4"], {}, "vad_aggressiveness"),
+])
+def test_bad_settings_are_refused_with_the_setting_named(argv, env, needle):
+    with pytest.raises(ValueError, match=needle):
+        parse(argv, env)
+
+
+def pcm(seconds, seed=0):
+    return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * 16000))).astype(np.float32)
+
+
+async def test_sigterm_finishes_open_sessions_then_exits_zero():
+    proc, url = start_server_process("--workers", "2")
+    try:
+        clients, audios = [], []
+        for k in range(2):
+            c = ListenClient(url, vad=False)
+            await c.connect()
+            audio = pcm(2.3 + 0.4 * k, seed=k)
+            for i in range(0, len(audio), 1600):
+                await c.send_audio(audio[i:i + 1600])
+            while not any(isinstance(m, P.Partial) for m in c.messages):
+                await c.receive()
+            clients.append(c)
+            audios.append(audio)
+        await asyncio.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        for c, audio in zip(clients, audios):
+            with pytest.raises(SessionEnded) as info:
+                while True:
+                    await asyncio.wait_for(c.receive(), 10)
+            assert info.value.code == P.CloseCode.GOING_AWAY
+            final = c.messages[-1]
+            assert isinstance(final, P.Final) and final.reason == "shutdown"
+            assert c.text == final.text == stream_reference(FakeWhistle(), audio)
+        assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 10) == 0
+        with pytest.raises(ServerUnreachable):
+            await ListenClient(url).connect()
+        logs = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith("{")]
+        events = [e["event"] for e in logs]
+        assert "draining" in events and events[-1] == "closed"
+        opened = [e for e in logs if e["event"] == "session_open"]
+        assert len(opened) == 2 and all(len(e["session"]) == 12 for e in opened)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+async def test_environment_variables_configure_the_process():
+    proc, url = start_server_process(env={"WHISTLE_MAX_SESSIONS": "1"})
+    try:
+        first = ListenClient(url)
+        await first.connect()
+        with pytest.raises(SessionEnded) as info:
+            await ListenClient(url).connect()
+        assert info.value.code == P.CloseCode.TRY_AGAIN and info.value.error.code is P.ErrorCode.SERVER_FULL
+        await first.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 10) == 0
