@@ -199,6 +199,10 @@ class ListenClient:
     async def configure(self, keywords) -> None:
         await self._send_json({"type": "configure", "keywords": list(keywords)})
 
+    async def request_close(self) -> None:
+        """Send `close` without waiting: the `final` and the close arrive through `receive()`."""
+        await self._send_json({"type": "close"})
+
     async def _until_final(self) -> P.Final:
         while True:
             message = await self.receive()
@@ -212,7 +216,7 @@ class ListenClient:
 
     async def close(self) -> P.Final:
         """Commit everything, wait for the `final` and the server's close."""
-        await self._send_json({"type": "close"})
+        await self.request_close()
         final = await self._until_final()
         await self.ws.wait_closed()
         return final

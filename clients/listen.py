@@ -70,9 +70,10 @@ class Caption:
 
     def update(self, message: P.ServerMessage) -> None:
         if isinstance(message, P.Committed):
-            self.line += message.text
-            if not self.ansi and message.text:
-                self.out.write(message.text)
+            piece = message.text if self.line else message.text.lstrip()
+            self.line += piece
+            if not self.ansi and piece:
+                self.out.write(piece)
             if message.end_of_speech and self.line:
                 self._newline()
                 return
@@ -170,13 +171,18 @@ def load_sounddevice():
     return sounddevice
 
 
-async def microphone_blocks(sd, device=None, block_s: float = BLOCK_S):
-    """The microphone at its own rate (sounddevice), resampled to 16 kHz blocks."""
+def microphone_rate(sd, device=None) -> int:
+    """The input device's own sample rate. Raises AudioInputError when there is no microphone."""
     try:
         info = sd.query_devices(device, "input")
-        rate = int(info["default_samplerate"])
+        return int(info["default_samplerate"])
     except Exception as e:   # sounddevice raises ValueError / PortAudioError for no device
         raise AudioInputError(f"no microphone found ({e}); check the input device or use --file") from e
+
+
+async def microphone_blocks(sd, device=None, block_s: float = BLOCK_S):
+    """The microphone at its own rate (sounddevice), resampled to 16 kHz blocks."""
+    rate = microphone_rate(sd, device)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue(maxsize=200)
 
@@ -218,13 +224,18 @@ async def limited(blocks, seconds: float | None, stop: asyncio.Event):
 # Running a session
 
 async def run_remote(args, blocks, display, summary: Summary) -> None:
-    """Stream blocks to the server; reconnect with backoff when the session drops mid-stream."""
+    """Stream blocks to the server; reconnect with backoff when the session drops mid-stream.
+
+    Audio the old server received but did not process before going away (at most a block or
+    two) is lost; a block whose send failed is sent again on the new session.
+    """
     blocks = blocks.__aiter__()
+    carry = []
     while True:
         client = ListenClient(args.server, sample_rate=RATE, language=args.language,
                               keywords=args.keyword, token=args.token, vad=not args.no_vad,
                               retries=args.retries)
-        await client.connect()
+        display.update(await client.connect())
         summary.sessions += 1
 
         async def receive():
@@ -236,12 +247,18 @@ async def run_remote(args, blocks, display, summary: Summary) -> None:
         receiver = asyncio.create_task(receive())
         dropped = None
         try:
+            while carry:
+                await client.send_audio(carry[0])
+                carry.pop()
             async for block in blocks:
                 if receiver.done():
+                    carry = [block]
                     break
+                carry = [block]
                 await client.send_audio(block)
+                carry = []
             if not receiver.done():
-                await client._send_json({"type": "close"})
+                await client.request_close()
             await receiver
             return
         except SessionEnded as e:
@@ -256,25 +273,31 @@ async def run_remote(args, blocks, display, summary: Summary) -> None:
 async def run_local(args, blocks, display, summary: Summary, model=None) -> None:
     """The engine in this process, through the same audio path and message logic as the server."""
     from service.audio import AudioPath, Chunk, TimeMap
-    from service.server import _engine_gate
+    from service.server import PassCounter, engine_gate
 
     if model is None:
         from whistle_stream import Whistle
         model = Whistle(args.model)
     loop = asyncio.get_running_loop()
+    if callable(getattr(model, "warmup", None)):
+        await loop.run_in_executor(None, model.warmup)   # compile before the audio starts
     config = P.SessionConfig(language=args.language, keywords=tuple(args.keyword), vad=not args.no_vad)
     session = P.Session("local", config, getattr(model, "name", "whistle"), model.dims.languages)
     stream = model.open_stream(language=args.language, keywords=list(args.keyword) or None)
+    count_passes = PassCounter(stream)
     path = AudioPath(RATE, vad=config.vad)
     time_map = TimeMap()
-    gate = _engine_gate(model) if config.vad else None
+    gate = engine_gate(model) if config.vad else None
     fed = False
     display.update(session.ready())
 
     def publish(d, **kw):
         d = dict(d, words=[dict(w, start=time_map(w["start"]), end=time_map(w["end"]))
                            for w in d.get("words", ())])
-        for m in (session.final(d, kw["final"]) if "final" in kw else session.results(d, **kw)):
+        passes = count_passes(d)
+        messages = (session.final(d, kw["final"], passes=passes) if "final" in kw
+                    else session.results(d, passes=passes, **kw))
+        for m in messages:
             display.update(m)
             if isinstance(m, P.Final) and m.reason != "finalize":
                 summary.add(m)
@@ -326,8 +349,15 @@ async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
     summary = Summary()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+
+    def on_sigint():   # first Ctrl-C: finish cleanly; second: give up now
+        if stop.is_set():
+            task.cancel()
+        stop.set()
+
     try:
-        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
     except (NotImplementedError, RuntimeError):
         pass
     try:
@@ -335,7 +365,9 @@ async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
             source = file_blocks(args.file, args.speed)
         else:
             device = int(args.device) if args.device and args.device.isdigit() else args.device
-            source = microphone_blocks(sounddevice or load_sounddevice(), device)
+            sd = sounddevice or load_sounddevice()
+            microphone_rate(sd, device)   # fail before connecting when there is no microphone
+            source = microphone_blocks(sd, device)
         blocks = limited(source, args.seconds, stop)
         if args.local:
             await run_local(args, blocks, display, summary, model=model)
@@ -353,6 +385,9 @@ async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
     except ClientError as e:
         sys.stderr.write(f"whistle-listen: {e}\n")
         return EXIT_ERROR
+    except asyncio.CancelledError:
+        sys.stderr.write("whistle-listen: interrupted\n")
+        return 130
     finally:
         try:
             loop.remove_signal_handler(signal.SIGINT)

@@ -12,7 +12,6 @@ Client -> server: binary frames are audio (`Audio`); text frames are JSON contro
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Mapping, Sequence, Union
@@ -466,15 +465,28 @@ class Session:
         if self.state in (SessionState.NEW, SessionState.OPEN):
             self.state = SessionState.CLOSING
 
-    def results(self, d: Mapping, *, end_of_speech: bool = False) -> list[ServerMessage]:
-        """An engine dict -> [Committed] (new text, or end_of_speech) then [Partial] (tail changed)."""
+    def _spaced(self, text: str) -> str:
+        """`text` with a leading space when it would otherwise run into the transcript so far, so
+        that committed texts (and the pending tail after them) concatenate to readable text
+        whether the engine puts spaces before its words or joins them with spaces."""
+        before = next((piece for piece in reversed(self.transcript) if piece), "")
+        if text and before and not text[0].isspace() and not before[-1].isspace():
+            return " " + text
+        return text
+
+    def results(self, d: Mapping, *, end_of_speech: bool = False, passes: int | None = None) -> list[ServerMessage]:
+        """An engine dict -> [Committed] (new text, or end_of_speech) then [Partial] (tail changed).
+
+        `passes`: how many passes the engine call ran (None: one if it spent time in passes).
+        """
         if self.state is SessionState.CLOSED:
             raise RuntimeError("results() after the session closed")
         out: list[ServerMessage] = []
         revision = int(d.get("revision", self.revision))
-        self.passes += max(0, revision - self.revision)
-        self.pass_ms += float(d.get("pass_ms", 0.0))
-        text = d.get("text", "") or ""
+        pass_ms = float(d.get("pass_ms", 0.0))
+        self.passes += passes if passes is not None else int(pass_ms > 0)
+        self.pass_ms += pass_ms
+        text = self._spaced(d.get("text", "") or "")
         words = tuple(Word(str(w["word"]), float(w["start"]), float(w["end"]), float(w["probability"]))
                       for w in d.get("words", ()))
         if text or words or end_of_speech:
@@ -482,15 +494,15 @@ class Session:
             self.transcript.append(text)
             out.append(Committed(seq=self.seq, text=text, words=words, end_of_speech=end_of_speech))
         language = d.get("language", "") or self.language
-        pending = d.get("pending", "") or ""
+        pending = self._spaced(d.get("pending", "") or "")
         if pending != self.pending or language != self.language:
             out.append(Partial(pending=pending, language=language, revision=revision))
         self.pending, self.language, self.revision = pending, language, max(revision, self.revision)
         return out
 
-    def final(self, d: Mapping | None, reason: str) -> list[ServerMessage]:
+    def final(self, d: Mapping | None, reason: str, passes: int | None = None) -> list[ServerMessage]:
         """The dict that answers finalize/close (or None if the engine had nothing) -> [...] + Final."""
-        out = self.results(d, end_of_speech=False) if d is not None else []
+        out = self.results(d, passes=passes) if d is not None else []
         out.append(Final(seq=self.seq, text="".join(self.transcript), language=self.language,
                          audio_seconds=self.audio_seconds, passes=self.passes,
                          mean_pass_ms=self.pass_ms / self.passes if self.passes else 0.0,

@@ -37,7 +37,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from . import protocol as P
-from .audio import AudioPath, Chunk, EndOfSpeech, TimeMap
+from .audio import AudioPath, Chunk, TimeMap
 from .config import ServiceConfig, add_serve_arguments, config_from_args
 
 log = logging.getLogger("whistle.service")
@@ -98,7 +98,7 @@ def _bearer(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def _engine_gate(model):
+def engine_gate(model):
     """The engine's §8 silence gate as `gate(float32 16 kHz) -> bool`, or None if unavailable.
 
     Prefers `model.is_speech`; else `whistle_stream.frontend.is_speech` with the model's mel
@@ -153,7 +153,9 @@ class App:
         if self.model is None:
             from whistle_stream import Whistle
             self.model = Whistle(self.config.model)
-        self.gate = _engine_gate(self.model)
+        self.gate = engine_gate(self.model)
+        if callable(getattr(self.model, "warmup", None)):
+            self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
         stream = self.model.open_stream(step_s=self.config.step_s)
         signal_ = _warm_signal(self.model.dims.rate)
         if self.gate is not None:
@@ -253,7 +255,7 @@ class App:
         return _response(404, "not found\n")
 
     # -- WebSocket ---------------------------------------------------------------------------
-    async def _refuse(self, conn: ServerConnection, code: P.ErrorCode, message: str) -> None:
+    async def refuse(self, conn: ServerConnection, code: P.ErrorCode, message: str) -> None:
         self.metrics.rejects.labels(code.value).inc()
         log_event("rejected", level=logging.WARNING, reason=code.value, detail=message)
         try:
@@ -264,23 +266,26 @@ class App:
 
     async def _handle(self, conn: ServerConnection) -> None:
         request = conn.request
+        if self.draining:   # the handshake passed just before the drain began
+            await self.refuse(conn, P.ErrorCode.SHUTTING_DOWN, "the server is shutting down; reconnect")
+            return
         query = request.path.partition("?")[2]
         if self.config.token is not None:
             given = _bearer(request)
             if given is None:   # the token alone, even if other parameters are bad
                 given = next((v for k, v in parse_qsl(query, keep_blank_values=True) if k == "token"), None)
             if given is None or not hmac.compare_digest(given.encode(), self.config.token.encode()):
-                await self._refuse(conn, P.ErrorCode.UNAUTHORIZED, "missing or wrong token; send "
+                await self.refuse(conn, P.ErrorCode.UNAUTHORIZED, "missing or wrong token; send "
                                    "'Authorization: Bearer <token>' or ?token=<token>")
                 return
         if len(self.sessions) >= self.config.max_sessions:
-            await self._refuse(conn, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
+            await self.refuse(conn, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
                                f"{self.config.max_sessions} sessions; retry later")
             return
         try:
             session_config = P.parse_query(query, self.model.dims.languages)
         except P.ProtocolError as e:
-            await self._refuse(conn, e.code, e.message)
+            await self.refuse(conn, e.code, e.message)
             return
         runner = SessionRunner(self, conn, session_config)
         self.sessions.add(runner)
@@ -290,6 +295,22 @@ class App:
         finally:
             self.sessions.discard(runner)
             self.metrics.sessions_open.dec()
+
+
+class PassCounter:
+    """Passes one engine call ran: from the stream's `passes` counter when it keeps one, else one
+    for each call that spent time in passes (the streaming dict itself carries no pass count)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.last = getattr(stream, "passes", None)
+
+    def __call__(self, d: dict) -> int:
+        now = getattr(self.stream, "passes", None)
+        if isinstance(now, int) and isinstance(self.last, int):
+            count, self.last = now - self.last, now
+            return count
+        return int(float(d.get("pass_ms", 0.0)) > 0)
 
 
 class TokenBucket:
@@ -336,6 +357,7 @@ class SessionRunner:
         self._arrivals: deque = deque()  # (session seconds received so far, monotonic time)
         self._utterance_fed = False
         self._slow = False
+        self._failed = False   # the engine raised: no more engine calls for this session
 
     # -- control -----------------------------------------------------------------------------
     def interrupt(self, reason: str, close_code: int, error: P.Error | None = None) -> None:
@@ -372,10 +394,14 @@ class SessionRunner:
             self.stream = await self.app.engine(
                 partial(self.app.model.open_stream, language=c.language,
                         keywords=list(c.keywords) or None, step_s=self.app.config.step_s))
+        except ValueError as e:     # the engine refused the language or a keyword
+            await self.app.refuse(self.conn, P.ErrorCode.BAD_REQUEST, str(e)[:300])
+            return
         except Exception:
             self._log("open_failed", logging.ERROR, exc_info=True)
-            await self.app._refuse(self.conn, P.ErrorCode.INTERNAL, "the engine could not open a stream")
+            await self.app.refuse(self.conn, P.ErrorCode.INTERNAL, "the engine could not open a stream")
             return
+        self.count_passes = PassCounter(self.stream)
         self._log("session_open", sample_rate=c.sample_rate, encoding=c.encoding, vad=c.vad,
                   language=c.language, keywords=len(c.keywords))
         sender = asyncio.create_task(self._send_loop())
@@ -463,14 +489,11 @@ class SessionRunner:
         discard = asyncio.create_task(self._discard())
         if error is not None:
             self._emit([error])
-        if not worker.done():
+        if not self._failed:
             self._queue(self.audio.flush(last=True))
             self._op(("finish", reason))
-            try:
-                await worker
-            except Exception:
-                pass
-        if worker.done() and not worker.cancelled() and worker.exception() is not None:
+            await worker
+        if self._failed:
             if reason != P.ErrorCode.INTERNAL.value:
                 self._emit([P.Error(P.ErrorCode.INTERNAL, "the engine failed on this session")])
             close_code = P.CloseCode.INTERNAL
@@ -526,18 +549,19 @@ class SessionRunner:
                 elif op[0] == "finalize":
                     self._publish(await self.app.engine(self.stream.finalize), final="finalize")
                 elif op[0] == "configure":
-                    await self.app.engine(partial(self.stream.configure, keywords=op[1]))
+                    try:
+                        await self.app.engine(partial(self.stream.configure, keywords=op[1]))
+                    except ValueError as e:   # the engine refused a keyword: the old ones stay
+                        self._emit([P.Error(P.ErrorCode.BAD_MESSAGE, str(e)[:300])])
                 elif op[0] == "finish":
                     self._publish(await self.app.engine(self.stream.finish), final=op[1])
                     return
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
+        except Exception:
             self._log("engine_error", logging.ERROR, exc_info=True)
             self.app.metrics.rejects.labels(P.ErrorCode.INTERNAL.value).inc()
+            self._failed = True
             self.interrupt(P.ErrorCode.INTERNAL.value, P.CloseCode.INTERNAL,
                            P.Error(P.ErrorCode.INTERNAL, "the engine failed on this session"))
-            raise e
 
     async def _feed(self, chunks: list[Chunk]) -> None:
         gate = self.gate if not self._utterance_fed else None
@@ -559,7 +583,7 @@ class SessionRunner:
     def _publish(self, d: dict, *, end_of_speech: bool = False, final: str | None = None) -> None:
         d = dict(d)
         m = self.app.metrics
-        passes = max(0, int(d.get("revision", 0)) - self.session.revision)
+        passes = self.count_passes(d)
         if passes:
             m.passes.inc(passes)
             for _ in range(passes):
@@ -572,9 +596,9 @@ class SessionRunner:
             if arrived is not None:
                 m.commit_latency.observe(max(0.0, now - arrived))
         if final is None:
-            self._emit(self.session.results(d, end_of_speech=end_of_speech))
+            self._emit(self.session.results(d, end_of_speech=end_of_speech, passes=passes))
         else:
-            self._emit(self.session.final(d, final))
+            self._emit(self.session.final(d, final, passes=passes))
 
     def _arrived(self, t: float) -> float | None:
         """Monotonic time the server had received session second `t` (None: not known)."""
@@ -632,7 +656,7 @@ def main(argv=None, *, model=None) -> int:
         run = asyncio.run
     try:
         run(serve(model=model, config=config))
-    except OSError as e:
+    except (OSError, ValueError) as e:   # port in use, no model, a model file that does not parse
         log_event("startup_failed", logging.ERROR, detail=str(e))
         return 1
     return 0

@@ -36,7 +36,8 @@ class FakeStream:
         self.received = 0          # samples fed
         self.passed = 0            # samples covered by passes
         self.committed = 0         # words committed
-        self.revision = 0
+        self.revision = 0          # bumps when committed or pending text changes, as the engine's does
+        self.passes = 0
         self.closed = False
         self.feeds = []            # lengths of every feed call, for tests
 
@@ -60,7 +61,8 @@ class FakeStream:
     def _pass(self) -> float:
         if self.model.fail_after is not None and self.revision >= self.model.fail_after:
             raise RuntimeError("fake engine failure")
-        self.revision += 1
+        self.revision += 1         # every fake pass hears a new word, so the text always changes
+        self.passes += 1
         self.model.passes += 1
         if self.model.pass_s:
             time.sleep(self.model.pass_s)

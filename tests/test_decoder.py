@@ -96,7 +96,8 @@ def test_memory_attention_and_its_weights():
     v = rng.standard_normal((H, F, dv)).astype(np.float32)
     weights = np.empty((R, H, F), np.float32)
     out = np.empty((R, H, dv), np.float32)
-    _attend_memory(q, k, v, np.float32(1.0), np.float32(0.5), weights, out)
+    _attend_memory(q, np.ascontiguousarray(k.transpose(0, 2, 1)), np.ascontiguousarray(v.transpose(0, 2, 1)),
+                   np.float32(1.0), np.float32(0.5), weights, out)
     want, w = naive_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 0.5)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(weights, w.transpose(1, 0, 2), rtol=1e-5, atol=1e-6)

@@ -93,15 +93,15 @@ def test_caption_shows_committed_text_and_the_pending_tail_dimmed():
     caption = listen.Caption(out, ansi=True, width=80)
     caption.update(P.Committed(seq=1, text=" hello", words=()))
     caption.update(P.Partial(pending=" wor", language="en", revision=2))
-    assert out.getvalue().endswith("\r\x1b[K hello\x1b[2m wor\x1b[0m")
+    assert out.getvalue().endswith("\r\x1b[Khello\x1b[2m wor\x1b[0m")
     caption.update(P.Committed(seq=2, text=" world", words=(), end_of_speech=True))
-    assert out.getvalue().endswith("\r\x1b[K hello world\n")
+    assert out.getvalue().endswith("\r\x1b[Khello world\n")
 
 
 def test_caption_keeps_the_tail_of_a_long_line_within_the_terminal():
     out = io.StringIO()
     caption = listen.Caption(out, ansi=True, width=20)
-    caption.update(P.Committed(seq=1, text=" " + "x" * 50, words=()))
+    caption.update(P.Committed(seq=1, text="x" * 50, words=()))
     caption.update(P.Partial(pending=" yy", language="en", revision=1))
     shown = out.getvalue().rsplit("\r\x1b[K", 1)[1]
     assert shown == "x" * 16 + "\x1b[2m yy\x1b[0m"
@@ -200,7 +200,7 @@ def test_ctrl_c_finalizes_and_prints_a_summary(server, tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
-    assert out.startswith(" alpha bravo")
+    assert out.startswith("alpha bravo")
     seconds = float(err.split("audio ")[1].split(" s,")[0])
     assert 2.0 <= seconds <= 10.0 and "language en" in err
 
@@ -240,4 +240,4 @@ async def test_listen_reconnects_when_the_server_goes_away(tmp_path):
     finals = [m for m in messages if m["type"] == "final"]
     assert [m["type"] for m in messages].count("ready") == 2
     assert [f["reason"] for f in finals] == ["shutdown", "close"]
-    assert sum(f["audio_seconds"] for f in finals) == pytest.approx(6.0, abs=0.15)
+    assert 5.6 <= sum(f["audio_seconds"] for f in finals) <= 6.0  # frames in flight at the drain may be lost

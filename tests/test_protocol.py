@@ -259,8 +259,8 @@ def test_end_of_speech_is_committed_even_without_new_text():
 
 def test_final_sums_up_the_transcript_and_pass_statistics():
     s = open_session()
-    s.results(engine(text=" a", words=[" a"], pending=" b", revision=2, pass_ms=30.0))
-    out = s.final(engine(text=" b", words=[" b"], pending="", revision=3, pass_ms=15.0), "close")
+    s.results(engine(text=" a", words=[" a"], pending=" b", revision=2, pass_ms=30.0), passes=2)
+    out = s.final(engine(text=" b", words=[" b"], pending="", revision=3, pass_ms=15.0), "close", passes=1)
     assert [type(m) for m in out] == [P.Committed, P.Partial, P.Final]
     final = out[-1]
     assert (final.seq, final.text, final.passes, final.mean_pass_ms, final.reason) == (2, " a b", 3, 15.0, "close")
@@ -330,3 +330,27 @@ def test_fuzz_parse_raw_query_strings_raises_only_protocol_errors(query):
         P.parse_query(query, LANGS)
     except P.ProtocolError:
         pass
+
+
+def test_without_a_pass_count_each_call_that_spent_time_in_passes_counts_one():
+    s = open_session()
+    s.results(engine(pending=" a", pass_ms=20.0))
+    s.results(engine(pending=" a", pass_ms=0.0))
+    final = s.final(engine(pass_ms=10.0), "close")[-1]
+    assert (final.passes, final.mean_pass_ms) == (2, 15.0)
+
+
+def test_committed_texts_concatenate_with_spaces_for_an_engine_that_joins_words_with_spaces():
+    s = open_session()
+    first = s.results(engine(text="hello world", words=["hello", "world"], pending="how are"))
+    second = s.results(engine(text="how are", words=["how", "are"], pending="you"))
+    assert [m.text for m in first + second if isinstance(m, P.Committed)] == ["hello world", " how are"]
+    assert [m.pending for m in second if isinstance(m, P.Partial)] == [" you"]
+    assert s.final(engine(text="you", words=["you"]), "close")[-1].text == "hello world how are you"
+
+
+def test_committed_texts_that_bring_their_own_spaces_are_left_alone():
+    s = open_session()
+    s.results(engine(text=" hello", words=[" hello"], pending=" world"))
+    out = s.results(engine(text=" world", words=[" world"]))
+    assert out[0].text == " world" and "".join(s.transcript) == " hello world"

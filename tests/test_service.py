@@ -524,3 +524,36 @@ async def test_a_client_that_does_not_read_is_disconnected_without_blocking_othe
         assert metric(text, "whistle_sessions_open") == 0
     finally:
         await app.drain()
+
+
+async def test_random_frames_get_only_documented_errors_and_the_server_stays_up(app):
+    rng = np.random.default_rng(1234)
+    documented = {c.value for c in P.ErrorCode}
+    async with connect(app.url + "/v1/listen?vad=false&encoding=pcm_f32le") as ws:
+        assert json.loads(await ws.recv())["type"] == "ready"
+        for _ in range(60):
+            kind = rng.integers(3)
+            if kind == 0:
+                await ws.send(rng.bytes(int(rng.integers(0, 64))))
+            elif kind == 1:
+                await ws.send(rng.bytes(int(rng.integers(0, 64))).decode("latin-1"))
+            else:
+                await ws.send(json.dumps({"type": str(rng.choice(["configure", "x", "finalize"])),
+                                          "keywords": [int(rng.integers(9))]}))
+        await ws.send('{"type":"close"}')
+        messages = await until_closed(ws)
+    codes = {m["code"] for m in messages if m["type"] == "error"}
+    assert codes and codes <= documented
+    assert messages[-1]["type"] == "final" and ws.close_code in (1000, 1008)
+    assert (await http_get(app, "/healthz"))[0] == 200
+
+
+def test_the_captions_script_is_valid_javascript():
+    import shutil
+    import subprocess
+    from pathlib import Path
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    script = Path(__file__).resolve().parent.parent / "clients" / "web" / "captions.js"
+    subprocess.run([node, "--check", str(script)], check=True)

@@ -388,14 +388,22 @@ def _one_pole(x: np.ndarray, a: float) -> np.ndarray:
     return lfilter([1.0], [1.0, -a], x)
 
 
-def augment(audio: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Leading/trailing silence 0.1-0.8 s, gain -18..+6 dB, noise at 5-30 dB SNR (80 % of clips)."""
-    lead, trail = (int(rng.uniform(0.1, 0.8) * RATE) for _ in range(2))
-    out = np.concatenate([np.zeros(lead, np.float32), audio, np.zeros(trail, np.float32)])
+def augment(audio: np.ndarray, rng: np.random.Generator, record: dict | None = None) -> np.ndarray:
+    """Leading/trailing silence 0.1-0.8 s, noise at 5-30 dB SNR (80 % of clips), gain -18..+6 dB.
+
+    If record is a dict, the drawn lead/trail (seconds), snr_db (None when clean) and gain_db go in it.
+    """
+    lead, trail = rng.uniform(0.1, 0.8), rng.uniform(0.1, 0.8)
+    out = np.concatenate([np.zeros(int(lead * RATE), np.float32), audio, np.zeros(int(trail * RATE), np.float32)])
+    snr_db = None
     if rng.random() < 0.8:
-        out = add_noise(out, rng.uniform(5.0, 30.0), rng)
-    out = out * 10 ** (rng.uniform(-18.0, 6.0) / 20)
+        snr_db = rng.uniform(5.0, 30.0)
+        out = add_noise(out, snr_db, rng)
+    gain_db = rng.uniform(-18.0, 6.0)
+    out = out * 10 ** (gain_db / 20)
     peak = float(np.max(np.abs(out))) if len(out) else 0.0
+    if record is not None:
+        record.update(lead=lead, trail=trail, snr_db=snr_db, gain_db=gain_db)
     return (out / peak * 0.99 if peak > 0.99 else out).astype(np.float32)
 
 

@@ -27,8 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import demo_data  # noqa: E402
 
 LANGUAGE = "en"
-BUCKET_SECONDS = 1.0  # clips are padded up to a whole second: few distinct shapes, so few XLA compiles
-TOKEN_ROUND = 8       # token rows are padded up to a multiple of this, for the same reason
+# Each batch is padded to the smallest of these lengths (seconds) that holds its longest clip, and every
+# token row to one width: each distinct shape costs an XLA compile of ~2 min on a shared 2-vCPU machine.
+BUCKETS = (3.0, 4.5, 6.5)
+TOKEN_ROUND = 8
+DECODE_TOKENS = 64  # greedy decoding stops here; the longest transcript is under 40 tokens
 
 
 def log(*parts) -> None:
@@ -62,24 +65,31 @@ def train_tokenizer(texts: list[str], vocab: int, seed: int):
 
 
 class Batches:
-    """Length-bucketed batches: each padded to its own longest clip (rounded to BUCKET_SECONDS)."""
+    """Length-bucketed batches: each padded to the smallest of BUCKETS that holds its longest clip."""
 
-    def __init__(self, rows, ids, batch, rng):
+    def __init__(self, rows, ids, batch, rng, width):
         order = np.argsort([len(r["pcm"]) for r in rows], kind="stable")
-        self.rows, self.ids, self.rng = rows, ids, rng
+        self.rows, self.ids, self.rng, self.width = rows, ids, rng, width
         self.groups = [order[i:i + batch] for i in range(0, len(order), batch)]
 
     def epoch(self):
         for g in self.rng.permutation(len(self.groups)):
-            yield arrays([self.rows[i] for i in self.groups[g]], [self.ids[i] for i in self.groups[g]])
+            yield arrays([self.rows[i] for i in self.groups[g]], [self.ids[i] for i in self.groups[g]],
+                         width=self.width)
 
 
-def arrays(rows, ids, samples=None):
+def bucket(samples: int) -> int:
+    """The padded length (samples) for a batch whose longest clip has `samples` samples."""
+    for seconds in BUCKETS:
+        if samples <= seconds * demo_data.RATE:
+            return int(seconds * demo_data.RATE)
+    return -(-samples // demo_data.RATE) * demo_data.RATE
+
+
+def arrays(rows, ids, samples=None, width=None):
     """(wav float32 (B, S), lengths int32 (B,), tokens int32 (B, T)) padded with zeros / pad id."""
-    step = int(BUCKET_SECONDS * demo_data.RATE)
-    longest = max(len(r["pcm"]) for r in rows)
-    samples = samples or -(-longest // step) * step
-    width = -(-max(len(t) for t in ids) // TOKEN_ROUND) * TOKEN_ROUND
+    samples = samples or bucket(max(len(r["pcm"]) for r in rows))
+    width = width or -(-max(len(t) for t in ids) // TOKEN_ROUND) * TOKEN_ROUND
     wav = np.zeros((len(rows), samples), np.float32)
     lengths = np.zeros(len(rows), np.int32)
     tokens = np.zeros((len(rows), width), np.int32)
@@ -178,19 +188,18 @@ def greedy_wer(model, qparams, cfg, sp, rows, batch=16):
     encode = jax.jit(lambda p, w, n: model.apply({"params": p}, w, n, True, method=Whistle.encode))
     step = jax.jit(lambda p, t, e, f: model.apply({"params": p}, t, e, f, True, method=Whistle.logits))
     tags = np.arange(cfg.vocab) >= cfg.text
-    samples = -(-max(len(r["pcm"]) for r in rows) // demo_data.RATE) * demo_data.RATE
+    samples = bucket(max(len(r["pcm"]) for r in rows))
     edits = words = 0
     hyps = []
     for start in range(0, len(rows), batch):
         part = rows[start:start + batch]
         wav, lengths, _ = arrays(part, [[0]] * len(part), samples)
         enc, frames = encode(qparams, wav, lengths)
-        tokens = np.full((len(part), 64), cfg.pad, np.int32)
+        tokens = np.full((len(part), DECODE_TOKENS), cfg.pad, np.int32)  # one width: one compile
         tokens[:, 0], tokens[:, 1] = cfg.bos, cfg.tag(LANGUAGE)
         done = np.zeros(len(part), bool)
-        for pos in range(1, 63):
-            size = (pos // 16 + 1) * 16
-            logits = np.array(step(qparams, tokens[:, :size], enc, frames)[:, pos])
+        for pos in range(1, DECODE_TOKENS - 1):
+            logits = np.array(step(qparams, tokens, enc, frames)[:, pos])
             logits[:, tags] = -np.inf
             pick = logits.argmax(-1)
             tokens[:, pos + 1] = np.where(done, cfg.pad, pick)
@@ -298,9 +307,13 @@ def main(argv=None) -> None:
 
     eval_loss = jax.jit(loss_fn)
 
-    def validate(p):
+    width = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
+    val_samples = bucket(max(len(r["pcm"]) for r in splits["validation"]))
+
+    def validate(p):  # one shape for every validation batch: one compile
         rows, t = splits["validation"], ids["validation"]
-        losses = [float(eval_loss(p, *arrays(rows[i:i + 25], t[i:i + 25]))) for i in range(0, len(rows), 25)]
+        losses = [float(eval_loss(p, *arrays(rows[i:i + 20], t[i:i + 20], val_samples, width)))
+                  for i in range(0, len(rows), 20)]
         return float(np.mean(losses))
 
     vocabulary = sorted(demo_data.grammar_vocabulary())
@@ -314,7 +327,7 @@ def main(argv=None) -> None:
         write_card(args.out, vocabulary, cfg, note)
         return info
 
-    batches = Batches(splits["train"], ids["train"], args.batch, np.random.default_rng(args.seed))
+    batches = Batches(splits["train"], ids["train"], args.batch, np.random.default_rng(args.seed), width)
     step, recent, tick = start_step, [], time.time()
     log(f"training {args.steps} steps, batch {args.batch}, {len(batches.groups)} batches/epoch (compiling...)")
     while step < args.steps:

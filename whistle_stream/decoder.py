@@ -28,7 +28,12 @@ import numpy as np
 
 from . import blocks as B
 from . import kernels as K
-from .decoder_kernels import _attend_memory, _attend_pool, _causal_taps, _gather_levels, _levels_rows
+from .blocks import NORM_EPS, SINKHORN_ITERS
+from .decoder_kernels import (
+    _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _gate_quant_rotate, _gated_residual,
+    _gather_levels, _hadamard_residual, _head_norm_quant, _lanes_in, _lanes_out, _levels_rows,
+    _norm_quant_rotate, _self_qkv,
+)
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
 ENGRAM_PRIME = 0x01000193  # FNV prime of the n-gram hash
@@ -92,61 +97,86 @@ def _head_quant(x: np.ndarray) -> np.ndarray:
 
 
 class _LevelsLinear:
-    """y = x @ W.T in the CQ rotated domain on int16 level codes (the codes of
-    `blocks.RotatedLinear`), through the decoder's few-row kernel.
+    """y = x @ W.T in the CQ rotated domain, never dequantising W, for one matrix or several
+    stacked along their outputs (q, k, v and the gate read the same activation: one call).
 
-    `rotate(x)` is shared by every matrix that reads the same activation (q, k, v, gate)."""
+    A CQ row group is w_g = (cb[idx] * norm) @ H, H the symmetric normalised Walsh-Hadamard
+    matrix, so x_g . w_g = (x_g @ H) . (cb[idx] * norm): `rotate` the activation once (FWHT per
+    group), then dot it with the levels. 2-bit matrices keep their level indices (one byte per
+    weight, exact levels); wider ones use blocks.RotatedLinear's int16 level codes (~1e-5).
+    """
 
-    def __init__(self, cact, name: str):
-        r = B.RotatedLinear.from_cact(cact, name)
-        self.levels, self.gscale, self.group, self.shape = r.levels, r.gscale, r.group, r.shape
+    def __init__(self, cact, *names: str):
+        cqs = [cact.cq(name) for name in names]
+        first = cqs[0]
+        if any(c.group != first.group or c.bits != first.bits or c.codes.shape[1] != first.codes.shape[1]
+               for c in cqs):
+            raise ValueError(f"cannot stack {names}: different CQ widths, groups or input sizes")
+        self.group = first.group
+        self.sizes = [c.shape[0] for c in cqs]
+        self.offsets = [0, *np.cumsum(self.sizes)[:-1].tolist()]  # first output column of each
+        self.shape = (sum(self.sizes), first.shape[1])
+        self.k_pad = first.codes.shape[1]
+        norms = np.concatenate([np.asarray(c.norms, np.float32) for c in cqs])
+        if first.bits == 2:
+            self.codes = np.ascontiguousarray(np.concatenate([c.codes for c in cqs]))
+            self.norms = norms
+            self.levels = np.ascontiguousarray(first.codebook, np.float32)
+            self.wide = None
+        else:
+            self.wide = [B.RotatedLinear(c.codes, c.norms, c.codebook, c.group, c.shape) for c in cqs]
+            self.codes = np.ascontiguousarray(np.concatenate([w.levels for w in self.wide]))
+            self.norms = np.concatenate([w.gscale for w in self.wide])
 
     def rotate(self, x: np.ndarray) -> np.ndarray:
+        """(rows, in) -> (rows, in_pad): the activation in the rotated domain."""
         x = np.ascontiguousarray(x, np.float32)
-        out = np.empty((x.shape[0], self.levels.shape[1]), np.float32)
+        out = np.empty((x.shape[0], self.k_pad), np.float32)
         K._fwht_rows(x, self.group, out)
         return out
 
     def rotated(self, xr: np.ndarray) -> np.ndarray:
+        """(rows, in_pad) rotated activation -> (rows, out)."""
         out = np.empty((xr.shape[0], self.shape[0]), np.float32)
-        _levels_rows(xr, self.levels, self.gscale, self.group, out)
+        if self.wide is None:
+            _codes2_rows(xr, self.codes, self.norms, self.levels, self.group, out)
+        else:
+            _levels_rows(xr, self.codes, self.norms, self.group, out)
         return out
+
+    def split(self, y: np.ndarray) -> list[np.ndarray]:
+        """The outputs of each stacked matrix."""
+        return np.split(y, np.cumsum(self.sizes)[:-1], axis=1)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.rotated(self.rotate(x))
-
-
-class _FloatLinear(B.Linear):
-    """blocks.Linear with the same rotate/rotated split as `_LevelsLinear` (rotation = identity)."""
-
-    def rotate(self, x: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(x, np.float32)
-
-    def rotated(self, x: np.ndarray) -> np.ndarray:
-        return self(x)
 
 
 class _Layer:
     """One kept decoder layer's weights. `index` is its place in the file, `position` its place
     among the kept layers (which picks its mHC lane offsets)."""
 
-    def __init__(self, cact, index: int, position: int, site: int | None, linear):
+    def __init__(self, cact, index: int, position: int, site: int | None):
         d = cact.dims
         p = f"layer{index:02d}."
         a = cact.array
         self.index, self.position, self.site = index, position, site
         self.norm_in = a(p + "norm_in")
-        self.q, self.k, self.v = linear(p + "q_proj"), linear(p + "k_proj"), linear(p + "v_proj")
-        self.taps = d.taps
+        # q, k, v and the gate all read int8(norm_in(x)): one stacked product.
+        self.qkvg = _LevelsLinear(cact, p + "q_proj", p + "k_proj", p + "v_proj", p + "gate_proj")
+        self.lane = np.zeros(d.lanes, np.float32)  # one-hot mHC lane of this place in the kept stack
+        self.lane[position % d.lanes] = 1.0
         if d.taps:
             self.q_taps, self.k_taps, self.v_taps = a(p + "q_taps"), a(p + "k_taps"), a(p + "v_taps")
+        else:
+            self.q_taps = self.k_taps = self.v_taps = np.zeros((0, 1), np.float32)
         self.q_norm, self.k_norm = a(p + "q_norm"), a(p + "k_norm")
-        self.gate, self.out = linear(p + "gate_proj"), linear(p + "out_proj")
+        self.out = _LevelsLinear(cact, p + "out_proj")
         self.post_norm = a(p + "post_norm")
         self.attn_gate = _sigmoid_scalar(a(p + "attn_gate"))
         self.cross_norm = a(p + "cross_norm")
-        self.cq, self.cgate, self.cout = (linear(p + "cross.q_proj"), linear(p + "cross.gate_proj"),
-                                          linear(p + "cross.out_proj"))
+        self.cqg = _LevelsLinear(cact, p + "cross.q_proj", p + "cross.gate_proj")
+        self.cout = _LevelsLinear(cact, p + "cross.out_proj")
         # Memory-side projections see (frames, width) once per clip: BLAS on float32 weights.
         self.ck, self.cv = B.Linear(a(p + "cross.k_proj")), B.Linear(a(p + "cross.v_proj"))
         self.cq_norm, self.ck_norm = a(p + "cross_q_norm"), a(p + "cross_k_norm")
@@ -159,14 +189,14 @@ class _Layer:
 class _Engram:
     """One engram site: hashed n-gram tables (left packed, gathered per token), key/value maps."""
 
-    def __init__(self, cact, site: int, linear):
+    def __init__(self, cact, site: int):
         d = cact.dims
         cq = cact.cq(f"engram{site}.tables")
         self.codes = cq.codes
         self.norms = np.ascontiguousarray(cq.norms, np.float32)
         self.codebook = cq.codebook
         self.group = cq.group
-        self.key, self.value = linear(f"engram{site}.key_proj"), linear(f"engram{site}.value_proj")
+        self.kv = _LevelsLinear(cact, f"engram{site}.key_proj", f"engram{site}.value_proj")
         self.taps = cact.array(f"engram{site}.taps")  # (4, width)
         self.sub_dim = d.engram_sub_dim
 
@@ -193,8 +223,8 @@ class DecoderState:
     capacity: int  # most beam rows
     rows: int
     position: int
-    cross_k: list  # per kept layer (heads, frames, qk_dim), int8 fake-quantised
-    cross_v: list  # per kept layer (heads, frames, v_dim)
+    cross_k: list  # per kept layer (heads, qk_dim, frames), int8 fake-quantised
+    cross_v: list  # per kept layer (heads, v_dim, frames)
     k_pool: list  # per kept layer (max_tokens, capacity, kv_heads, qk_dim)
     v_pool: list  # per kept layer (max_tokens, capacity, kv_heads, v_dim)
     anc: np.ndarray  # (capacity, max_tokens) int32: pool row of each beam's position
@@ -208,26 +238,20 @@ class Decoder:
     """The decoder of a Whistle .cact.
 
     Decoder(cact, depth=None): depth keeps that many layers by the ladder order (guide §6).
-    rotated=True runs the CQ matrices in the rotated domain on int16 level codes (half the bytes
-    of float32); False dequantises them to float32 once.
+    The CQ matrices stay in the rotated domain (`_LevelsLinear`); only the embedding is also
+    dequantised, for the input rows.
     """
 
-    def __init__(self, cact, depth: int | None = None, rotated: bool = True):
+    def __init__(self, cact, depth: int | None = None):
         d = cact.dims
         self.dims = d
         self.kept = ladder_layers(d.dec_layers, depth)
-        if rotated:
-            def linear(name):
-                return _LevelsLinear(cact, name)
-        else:
-            def linear(name):
-                return _FloatLinear(cact.array(name))
         sites = {layer: s for s, layer in enumerate(d.engram_sites)}
-        self.layers = [_Layer(cact, index, pos, sites.get(index), linear) for pos, index in enumerate(self.kept)]
-        self.engrams = {s: _Engram(cact, s, linear) for s, layer in enumerate(d.engram_sites) if layer in self.kept}
+        self.layers = [_Layer(cact, index, pos, sites.get(index)) for pos, index in enumerate(self.kept)]
+        self.engrams = {s: _Engram(cact, s) for s, layer in enumerate(d.engram_sites) if layer in self.kept}
         self.lanes = B.LaneMixer(cact, "", d.dec_layers, d.lanes, d.width)
         self.embedding = np.ascontiguousarray(cact.array("embedding"))  # (vocab, width) input rows
-        self.head = linear("embedding")  # output head: the same matrix, over every id
+        self.head = _LevelsLinear(cact, "embedding")  # output head: the same matrix, over every id
         self.pe_gate = _sigmoid_scalar(cact.array("pe_gate"))
         self.embed_scale = np.float32(math.sqrt(d.width))
         self.rope_cos, self.rope_sin = B.rope_tables(d.qk_dim, np.arange(d.max_tokens), d.rope_theta)
@@ -240,6 +264,7 @@ class Decoder:
         self.hashes = d.engram_hashes
         self.hash_stride = d.engram_seed_heads or d.engram_hashes
         self.engram_depth = (d.engram_conv_taps - 1) * d.engram_dilation
+        self.hada_ident = np.arange(d.hada_n, dtype=np.int64)
 
     # ---------------------------------------------------------------- public API
 
@@ -266,8 +291,8 @@ class Decoder:
         for layer in self.layers:
             k = B.zc_rmsnorm(layer.ck(mem).reshape(frames, d.heads, d.qk_dim), layer.ck_norm)
             v = layer.cv(mem).reshape(frames, d.heads, d.v_dim)
-            cross_k.append(np.ascontiguousarray(_head_quant(k).transpose(1, 0, 2)))
-            cross_v.append(np.ascontiguousarray(_head_quant(v).transpose(1, 0, 2)))
+            cross_k.append(np.ascontiguousarray(_head_quant(k).transpose(1, 2, 0)))
+            cross_v.append(np.ascontiguousarray(_head_quant(v).transpose(1, 2, 0)))
         cap, T = int(beams), d.max_tokens
         depth = max(d.taps - 1, 0)
         tap_hist = [[np.zeros((cap, depth, n), np.float32)
@@ -404,8 +429,8 @@ class Decoder:
         fetched = e.fetch(np.ascontiguousarray(table_rows.reshape(-1)))  # (B*S*tables, sub)
         fetched *= ok.reshape(-1, 1)
         fetched = B.fake_quant_int8(fetched.reshape(rows * n_new, tables * e.sub_dim))
-        key = e.key(fetched)
-        raw = e.value(fetched).reshape(rows, n_new, d.width)
+        key, raw = e.kv.split(e.kv(fetched))
+        raw = np.ascontiguousarray(raw).reshape(rows, n_new, d.width)
         value = np.empty_like(raw)
         hist = state.engram_hist[site]
         _causal_taps(raw, np.ascontiguousarray(hist[:rows]), e.taps, d.engram_dilation, state.position, value)
@@ -429,23 +454,32 @@ class Decoder:
         if state.token_hist.shape[1]:
             _push_history(state.token_hist, rows, tokens)
 
-        pos = start + np.arange(n_new)
-        cos = np.ascontiguousarray(np.broadcast_to(self.rope_cos[pos][None], (rows, n_new, d.qk_dim // 2))
-                                   .reshape(rows * n_new, -1))
-        sin = np.ascontiguousarray(np.broadcast_to(self.rope_sin[pos][None], (rows, n_new, d.qk_dim // 2))
-                                   .reshape(rows * n_new, -1))
-        ctx = _StepContext(state, rows, n_new, start, cos, sin, engram, collect)
-        stream = self.lanes.expand(x)
+        ctx = _StepContext(state, rows, n_new, start, engram, collect)
+        stream = self.lanes.expand(x)  # (B*S, lanes, width)
+        n = rows * n_new
+        u = np.empty((n, d.width), np.float32)
+        hpost = np.empty((n, d.lanes), np.float32)
+        hres = np.empty((n, d.lanes, d.lanes), np.float32)
         for li, layer in enumerate(self.layers):
-            stream = self.lanes.step(layer.index, stream, lambda u, li=li, layer=layer: self._block(ctx, li, layer, u),
-                                     position=layer.position)
-        out = B.fake_quant_int8(self.lanes.collapse(stream))
-        logits = self.head(out)
+            lanes = self.lanes
+            i = layer.index
+            _lanes_in(stream, lanes.phi[i].weight, lanes.a_pre[i], lanes.a_post[i], lanes.a_res[i],
+                      lanes.b_pre[i], lanes.b_post[i], lanes.b_res[i], layer.lane, NORM_EPS, SINKHORN_ITERS,
+                      u, hpost, hres)
+            y = self._block(ctx, li, layer, u.copy())
+            out = np.empty_like(stream)
+            _lanes_out(stream, hres, hpost, y, u, out)
+            stream = out
+        xr = np.empty((n, self.head.k_pad), np.float32)
+        _norm_quant_rotate(np.ascontiguousarray(stream.mean(axis=1, dtype=np.float32)), self.lanes.final_norm,
+                           NORM_EPS, self.head.group, xr)
+        logits = self.head.rotated(xr)
         state.position = start + n_new
         return logits.reshape(rows, n_new, d.vocab)
 
     def _block(self, ctx: "_StepContext", li: int, layer: _Layer, x: np.ndarray) -> np.ndarray:
-        """One decoder block on the rows (B*S, width); residual included (guide §6)."""
+        """One decoder block on the rows x (B*S, width), updated in place and returned, residual
+        included (guide §6)."""
         d = self.dims
         state, rows, n_new, start = ctx.state, ctx.rows, ctx.n_new, ctx.start
         n = rows * n_new
@@ -454,44 +488,42 @@ class Decoder:
             score = np.einsum("rd,rd->r", B.rms_unit(x), B.rms_unit(key)) / self.embed_scale
             x = x + B.sigmoid(score)[:, None] * value
 
-        # causal self-attention
-        h = B.fake_quant_int8(B.zc_rmsnorm(x, layer.norm_in))
-        hr = layer.q.rotate(h)  # one rotation serves q, k, v and the gate
-        q, k, v = layer.q.rotated(hr), layer.k.rotated(hr), layer.v.rotated(hr)
-        if layer.taps:
-            hq, hk, hv = state.tap_hist[li]
-            q = _tapped(q, hq, layer.q_taps, rows, n_new, start)
-            k = _tapped(k, hk, layer.k_taps, rows, n_new, start)
-            v = _tapped(v, hv, layer.v_taps, rows, n_new, start)
-        q = B.zc_rmsnorm(q.reshape(n, d.heads, d.qk_dim), layer.q_norm)
-        k = B.zc_rmsnorm(k.reshape(n, d.kv_heads, d.qk_dim), layer.k_norm)
-        q = _head_quant(B.apply_rope(q, ctx.cos, ctx.sin))
-        k = _head_quant(B.apply_rope(k, ctx.cos, ctx.sin))
-        v = _head_quant(v.reshape(n, d.kv_heads, d.v_dim))
-        kp, vp = state.k_pool[li], state.v_pool[li]
-        kp[start:start + n_new, :rows] = k.reshape(rows, n_new, d.kv_heads, d.qk_dim).transpose(1, 0, 2, 3)
-        vp[start:start + n_new, :rows] = v.reshape(rows, n_new, d.kv_heads, d.v_dim).transpose(1, 0, 2, 3)
+        # causal self-attention: int8(norm_in(x)) -> [q | k | v | gate] in one rotated product
+        hr = np.empty((n, layer.qkvg.k_pad), np.float32)
+        _norm_quant_rotate(x, layer.norm_in, NORM_EPS, layer.qkvg.group, hr)
+        y = layer.qkvg.rotated(hr)
+        q = np.empty((rows, n_new, d.heads, d.qk_dim), np.float32)
+        hq, hk, hv = (h[:rows] for h in state.tap_hist[li])
+        _self_qkv(y, rows, start, layer.q_taps, layer.k_taps, layer.v_taps, hq, hk, hv, layer.q_norm,
+                  layer.k_norm, self.rope_cos, self.rope_sin, NORM_EPS, d.heads, d.kv_heads,
+                  state.k_pool[li], state.v_pool[li], q)
         att = np.empty((rows, n_new, d.heads, d.v_dim), np.float32)
-        _attend_pool(q.reshape(rows, n_new, d.heads, d.qk_dim), kp, vp, state.anc, start,
-                     self.q_scale, self.logit_scale, state.scores, att)
-        att = att.reshape(n, d.heads * d.v_dim) * B.sigmoid(layer.gate.rotated(hr))
-        att = layer.out(B.fake_quant_int8(att))
-        x = x + layer.attn_gate * B.zc_rmsnorm(att, layer.post_norm)
+        _attend_pool(q, state.k_pool[li], state.v_pool[li], state.anc, start, self.q_scale, self.logit_scale,
+                     state.scores, att)
+        gate = y[:, layer.qkvg.offsets[3]:]
+        hr = np.empty((n, layer.out.k_pad), np.float32)
+        _gate_quant_rotate(att.reshape(n, -1), gate, layer.out.group, hr)
+        _gated_residual(x, layer.out.rotated(hr), layer.post_norm, NORM_EPS, layer.attn_gate)
 
-        # cross-attention over the clip's memory
-        h = B.fake_quant_int8(B.zc_rmsnorm(x, layer.cross_norm))
-        hr = layer.cq.rotate(h)
-        q = _head_quant(B.zc_rmsnorm(layer.cq.rotated(hr).reshape(n, d.heads, d.qk_dim), layer.cq_norm))
+        # cross-attention over the clip's memory: int8(cross_norm(x)) -> [q | gate]
+        hr = np.empty((n, layer.cqg.k_pad), np.float32)
+        _norm_quant_rotate(x, layer.cross_norm, NORM_EPS, layer.cqg.group, hr)
+        y = layer.cqg.rotated(hr)
+        q = np.empty((n, d.heads, d.qk_dim), np.float32)
+        _head_norm_quant(y[:, : d.heads * d.qk_dim], d.heads, layer.cq_norm, NORM_EPS, q)
         weights = np.empty((n, d.heads, state.frames), np.float32)
         att = np.empty((n, d.heads, d.v_dim), np.float32)
         _attend_memory(q, state.cross_k[li], state.cross_v[li], self.q_scale, self.logit_scale, weights, att)
         if ctx.collect is not None and layer.index in ctx.collect[0]:
             ctx.collect[1][layer.index] = weights
-        att = att.reshape(n, d.heads * d.v_dim) * B.sigmoid(layer.cgate.rotated(hr))
-        att = layer.cout(B.fake_quant_int8(att))
-        x = x + layer.cross_gate * B.zc_rmsnorm(att, layer.post_cross_norm)
+        hr = np.empty((n, layer.cout.k_pad), np.float32)
+        _gate_quant_rotate(att.reshape(n, -1), y[:, d.heads * d.qk_dim:], layer.cout.group, hr)
+        _gated_residual(x, layer.cout.rotated(hr), layer.post_cross_norm, NORM_EPS, layer.cross_gate)
 
-        return x + layer.mlp(B.zc_rmsnorm(x, layer.pre_hada))
+        m = layer.mlp
+        _hadamard_residual(x, layer.pre_hada, m.d1, m.d2, m.b2, m.d3, m.d4, *m.factors[0], *m.factors[1],
+                           *m.factors[2], m.cond_v, m.cond_u, m.p1, m.p2, self.hada_ident, NORM_EPS)
+        return x
 
 
 @dataclass(eq=False)
@@ -500,20 +532,8 @@ class _StepContext:
     rows: int
     n_new: int
     start: int
-    cos: np.ndarray
-    sin: np.ndarray
     engram: dict
     collect: tuple | None
-
-
-def _tapped(raw: np.ndarray, hist: np.ndarray, taps: np.ndarray, rows: int, n_new: int, start: int) -> np.ndarray:
-    """Causal conv taps (dilation 1) of projected rows (B*S, D), continuing each row's history,
-    which is then advanced past the new rows."""
-    raw = raw.reshape(rows, n_new, -1)
-    out = np.empty_like(raw)
-    _causal_taps(raw, np.ascontiguousarray(hist[:rows]), taps, 1, start, out)
-    _push_history(hist, rows, raw)
-    return out.reshape(rows * n_new, -1)
 
 
 def _push_history(hist: np.ndarray, rows: int, new: np.ndarray) -> None:

@@ -11,11 +11,50 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kernels import GEMM_FASTMATH
+from .kernels import (
+    GEMM_FASTMATH, _fake_quant_rows, _fwht_rows, _gemm_rows, _lane_combine, _lane_mix, _rms_unit_rows, _rope_rows,
+    _sinkhorn_rows, _zc_rmsnorm_rows,
+)
 
 
 def _jit(fastmath=False):
     return njit(cache=True, nogil=True, fastmath=fastmath)
+
+
+# Cephes expf: exp(x) = 2^n * exp(r), r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 polynomial
+# for exp(r); ~1 ulp, and branch-free so LLVM vectorises it (libm's expf is a call per element,
+# and the softmax over 375 memory frames is most of a step's exps).
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_LO = np.float32(-87.3)  # below this exp underflows float32's normal range: returns 0
+_EXP_POLY = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3),
+             np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exp_neg(x, out, bits, n):
+    """out[:n] = exp(x[:n]) for x <= 0 (softmax after subtracting the max); bits: int32 scratch."""
+    c0, c1, c2, c3, c4, c5 = _EXP_POLY
+    for i in range(n):
+        v = max(x[i], _EXP_LO)
+        k = np.floor(v * _LOG2E + np.float32(0.5))
+        r = v - k * _LN2_HI - k * _LN2_LO
+        z = r * r
+        y = (((((c0 * r + c1) * r + c2) * r + c3) * r + c4) * r + c5) * z + r + np.float32(1.0)
+        bits[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
+        out[i] = y
+    scale = bits[:n].view(np.float32)
+    for i in range(n):
+        out[i] = out[i] * scale[i] if x[i] >= _EXP_LO else np.float32(0.0)
+
+
+@_jit()
+def _exp_rows(x, out):
+    """exp of a (rows, n) array of values <= 0 with `_exp_neg` (test hook)."""
+    bits = np.empty(x.shape[1], np.int32)
+    for r in range(x.shape[0]):
+        _exp_neg(x[r], out[r], bits, x.shape[1])
 
 
 @_jit()
@@ -99,42 +138,43 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
 def _attend_memory(q, k_mem, v_mem, q_scale, logit_scale, weights, out):
     """Cross-attention of rows over the clip's memory, every head its own K and V.
 
-    q (R, H, dq) fake-quantised; k_mem (H, F, dq); v_mem (H, F, dv);
-    weights (R, H, F) receives the softmax weights (word timestamps read them); out (R, H, dv).
+    q (R, H, dq) fake-quantised; k_mem (H, dq, F) and v_mem (H, dv, F), frames last so both
+    products run along contiguous frames; weights (R, H, F) receives the softmax weights (word
+    timestamps read them); out (R, H, dv).
     """
     n_rows, heads, dq = q.shape
-    frames = k_mem.shape[1]
-    dv = v_mem.shape[2]
-    qs = np.empty(dq, np.float32)
+    frames = k_mem.shape[2]
+    dv = v_mem.shape[1]
+    shifted = np.empty(frames, np.float32)
+    bits = np.empty(frames, np.int32)
     for r in range(n_rows):
         for h in range(heads):
-            for d in range(dq):
-                qs[d] = q[r, h, d] * q_scale
             w = weights[r, h]
+            for f in range(frames):
+                w[f] = 0.0
+            for d in range(dq):
+                qd = q[r, h, d] * q_scale
+                kd = k_mem[h, d]
+                for f in range(frames):
+                    w[f] += qd * kd[f]
             top = np.float32(-np.inf)
             for f in range(frames):
-                kf = k_mem[h, f]
-                acc = np.float32(0.0)
-                for d in range(dq):
-                    acc += qs[d] * kf[d]
-                acc *= logit_scale
-                w[f] = acc
-                if acc > top:
-                    top = acc
+                w[f] *= logit_scale
+                top = max(top, w[f])
+            for f in range(frames):
+                shifted[f] = w[f] - top
+            _exp_neg(shifted, w, bits, frames)
             total = np.float32(0.0)
             for f in range(frames):
-                e = np.exp(w[f] - top)
-                w[f] = e
-                total += e
-            o = out[r, h]
-            for d in range(dv):
-                o[d] = 0.0
+                total += w[f]
             for f in range(frames):
-                wf = w[f] / total
-                w[f] = wf
-                vf = v_mem[h, f]
-                for d in range(dv):
-                    o[d] += wf * vf[d]
+                w[f] = w[f] / total
+            for d in range(dv):
+                vd = v_mem[h, d]
+                acc = np.float32(0.0)
+                for f in range(frames):
+                    acc += w[f] * vd[f]
+                out[r, h, d] = acc
 
 
 @_jit()
@@ -176,3 +216,277 @@ def _levels_rows(xr, levels, gscale, group, out):
                 for k in range(group):
                     acc += buf[k] * xg[base + k]
                 out[r, n] += acc * s
+
+
+@_jit(GEMM_FASTMATH)
+def _codes2_rows(xr, codes, norms, levels, group, out):
+    """A few rows times a 2-bit CQ matrix in the rotated domain, from its level indices.
+
+    out[r, n] = sum_g norms[n, g] * (levels[codes[n, g]] . xr[r, g]); xr (R, K_pad) rotated
+    activations, codes (N, K_pad) uint8 in 0..3, norms (N, K_pad // group) float32, levels (4,) the
+    unit codebook. Each code group becomes exact float32 levels once (a vectorised select chain,
+    one byte read per weight) and is reused by every row.
+    """
+    rows, k_pad = xr.shape
+    groups = k_pad // group
+    buf = np.empty(group, np.float32)
+    l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
+    for n in range(codes.shape[0]):
+        cn = codes[n]
+        for r in range(rows):
+            out[r, n] = 0.0
+        for g in range(groups):
+            base = g * group
+            for k in range(group):
+                c = cn[base + k]
+                v = l0
+                v = l1 if c == 1 else v
+                v = l2 if c == 2 else v
+                v = l3 if c == 3 else v
+                buf[k] = v
+            s = norms[n, g]
+            for r in range(rows):
+                xg = xr[r]
+                acc = np.float32(0.0)
+                for k in range(group):
+                    acc += buf[k] * xg[base + k]
+                out[r, n] += acc * s
+
+
+# ---------------------------------------------------------------- fused stages of a decoder step
+# One batched step runs a few dozen of these per layer; fusing the small row maps (norms, int8,
+# sigmoid gates, the rotation) keeps Python dispatch out of a step that must take milliseconds.
+
+
+@_jit()
+def _sigmoid(v):
+    return np.float32(1.0) / (np.float32(1.0) + np.exp(-v))
+
+
+@_jit(GEMM_FASTMATH)
+def _lanes_in(x, phi, a_pre, a_post, a_res, b_pre, b_post, b_res, lane, eps, iters, u, hpost, hres):
+    """The mHC maps of one layer (needle `_LaneBody`, guide §6) for the stream x (R, n, C).
+
+    nx = int8(rms_unit(x.reshape(R, n*C))); z = nx @ phi.T with phi (2n + n^2, n*C) the stacked
+    pre/post/res maps; u (R, C) = sum_j sigmoid(a_pre z_pre + b_pre + 8 lane - 4)_j x_j;
+    hpost (R, n) = 2 sigmoid(a_post z_post + b_post - 4 (1 - lane));
+    hres (R, n, n) = sinkhorn(a_res z_res + b_res). lane (n,) is the one-hot lane of the layer.
+    """
+    rows, n, width = x.shape
+    nx = np.empty((rows, n * width), np.float32)
+    _rms_unit_rows(x.reshape((rows, n * width)), eps, nx)
+    _fake_quant_rows(nx, nx)
+    z = np.empty((rows, phi.shape[0]), np.float32)
+    _gemm_rows(nx, phi, z)
+    hpre = np.empty((rows, n), np.float32)
+    logits = np.empty((rows, n, n), np.float32)
+    for r in range(rows):
+        for j in range(n):
+            on = lane[j]
+            hpre[r, j] = _sigmoid(a_pre * z[r, j] + b_pre[j] + (np.float32(8.0) * on - np.float32(4.0)))
+            hpost[r, j] = np.float32(2.0) * _sigmoid(
+                a_post * z[r, n + j] + b_post[j] + np.float32(-4.0) * (np.float32(1.0) - on))
+            for i in range(n):
+                logits[r, j, i] = a_res * z[r, 2 * n + j * n + i] + b_res[j, i]
+    _sinkhorn_rows(logits, iters, hres)
+    _lane_combine(hpre, x, u)
+
+
+@_jit(GEMM_FASTMATH)
+def _lanes_out(x, hres, hpost, block_out, u, out):
+    """x (R, n, C) -> out: hres @ x + hpost * (block(u) - u) (block_out is overwritten)."""
+    for r in range(block_out.shape[0]):
+        for c in range(block_out.shape[1]):
+            block_out[r, c] -= u[r, c]
+    _lane_mix(hres, x, hpost, block_out, out)
+
+
+@_jit(GEMM_FASTMATH)
+def _norm_quant_rotate(x, scale, eps, group, hr):
+    """hr = FWHT(int8(zc_rmsnorm(x))): a block's input ready for its rotated-domain products."""
+    h = np.empty(x.shape, np.float32)
+    _zc_rmsnorm_rows(x, scale, eps, h)
+    _fake_quant_rows(h, h)
+    _fwht_rows(h, group, hr)
+
+
+@_jit(GEMM_FASTMATH)
+def _gate_quant_rotate(att, gate, group, hr):
+    """hr = FWHT(int8(att * sigmoid(gate))): attention output into the rotated domain of out_proj."""
+    rows, width = att.shape
+    h = np.empty((rows, width), np.float32)
+    for r in range(rows):
+        for c in range(width):
+            h[r, c] = att[r, c] * _sigmoid(gate[r, c])
+    _fake_quant_rows(h, h)
+    _fwht_rows(h, group, hr)
+
+
+@_jit(GEMM_FASTMATH)
+def _gated_residual(x, y, scale, eps, gate):
+    """x += gate * zc_rmsnorm(y), in place (post-attention norm and sigmoid(attn_gate) residual)."""
+    h = np.empty(y.shape, np.float32)
+    _zc_rmsnorm_rows(y, scale, eps, h)
+    for r in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            x[r, c] = x[r, c] + gate * h[r, c]
+
+
+@_jit(GEMM_FASTMATH)
+def _head_norm_quant(x, heads, scale, eps, out):
+    """out (R, H, d) = int8(zc_rmsnorm(x per head)) for x (R, H*d): cross-attention queries."""
+    rows = x.shape[0]
+    d = out.shape[2]
+    flat = np.ascontiguousarray(x).reshape((rows * heads, d))
+    o = out.reshape((rows * heads, d))
+    _zc_rmsnorm_rows(flat, scale, eps, o)
+    _fake_quant_rows(o, o)
+
+
+@_jit()
+def _push_rows(hist, rows, new):
+    """hist (cap, H, D) keeps each row's last H entries; append new (rows, S, D)."""
+    depth = hist.shape[1]
+    n_new = new.shape[1]
+    for b in range(rows):
+        for i in range(depth):
+            src = i + n_new  # index into [hist, new] concatenated
+            if src < depth:
+                hist[b, i] = hist[b, src]
+            else:
+                hist[b, i] = new[b, src - depth]
+
+
+@_jit(GEMM_FASTMATH)
+def _self_qkv(y, n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, q_norm, k_norm, cos_tab, sin_tab, eps,
+              heads, kv_heads, k_pool, v_pool, q_out):
+    """From the stacked projections y (B*S, q | k | v | gate) of the new positions to quantised
+    queries q_out (B, S, H, dq), with this position's keys and values written to the pool.
+
+    Per stream: causal taps over the history hq/hk/hv (then advanced), per-head ZCRMSNorm (q, k),
+    RoPE at each row's absolute position (q, k), int8 per head (q, k, v) (guide §6).
+    k_pool (T, cap, KH, dq), v_pool (T, cap, KH, dv): position start+i of beam b goes to row b.
+    """
+    n = y.shape[0]
+    n_new = n // n_rows
+    dq = q_out.shape[3]
+    dv = v_pool.shape[3]
+    q_w, k_w, v_w = heads * dq, kv_heads * dq, kv_heads * dv
+    half = dq // 2
+    cos = np.empty((n, half), np.float32)
+    sin = np.empty((n, half), np.float32)
+    for r in range(n):
+        p = start + r % n_new
+        cos[r] = cos_tab[p]
+        sin[r] = sin_tab[p]
+    q = np.ascontiguousarray(y[:, :q_w]).reshape((n_rows, n_new, q_w))
+    k = np.ascontiguousarray(y[:, q_w:q_w + k_w]).reshape((n_rows, n_new, k_w))
+    v = np.ascontiguousarray(y[:, q_w + k_w:q_w + k_w + v_w]).reshape((n_rows, n_new, v_w))
+    if q_taps.shape[0] > 0:
+        qt, kt, vt = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+        _causal_taps(q, hq, q_taps, 1, start, qt)
+        _causal_taps(k, hk, k_taps, 1, start, kt)
+        _causal_taps(v, hv, v_taps, 1, start, vt)
+        _push_rows(hq, n_rows, q)
+        _push_rows(hk, n_rows, k)
+        _push_rows(hv, n_rows, v)
+        q, k, v = qt, kt, vt
+    qn = np.empty((n, heads, dq), np.float32)
+    kn = np.empty((n, kv_heads, dq), np.float32)
+    _zc_rmsnorm_rows(q.reshape((n * heads, dq)), q_norm, eps, qn.reshape((n * heads, dq)))
+    _zc_rmsnorm_rows(k.reshape((n * kv_heads, dq)), k_norm, eps, kn.reshape((n * kv_heads, dq)))
+    qr = np.empty_like(qn)
+    kr = np.empty_like(kn)
+    _rope_rows(qn, cos, sin, qr)
+    _rope_rows(kn, cos, sin, kr)
+    _fake_quant_rows(qr.reshape((n * heads, dq)), q_out.reshape((n * heads, dq)))
+    _fake_quant_rows(kr.reshape((n * kv_heads, dq)), kr.reshape((n * kv_heads, dq)))
+    vq = np.empty((n * kv_heads, dv), np.float32)
+    _fake_quant_rows(v.reshape((n * kv_heads, dv)), vq)
+    for b in range(n_rows):
+        for i in range(n_new):
+            r = b * n_new + i
+            for g in range(kv_heads):
+                k_pool[start + i, b, g] = kr[r, g]
+                v_pool[start + i, b, g] = vq[r * kv_heads + g]
+
+
+@_jit(GEMM_FASTMATH)
+def _kron_rows(z, a, b, perm, out):
+    """out[r, perm] view: out[r, m] = Z'[perm[m]] with Z' = A^T Z B, Z = z[r].reshape(ba, bb)."""
+    rows = z.shape[0]
+    ba, bb = a.shape[0], b.shape[0]
+    t = np.empty((ba, bb), np.float32)
+    full = np.empty(ba * bb, np.float32)
+    for r in range(rows):
+        zr = z[r]
+        for i in range(ba):
+            for l in range(bb):
+                t[i, l] = 0.0
+            for j in range(bb):
+                zij = zr[i * bb + j]
+                for l in range(bb):
+                    t[i, l] += zij * b[j, l]
+        for k in range(ba):
+            for l in range(bb):
+                full[k * bb + l] = 0.0
+        for i in range(ba):
+            for k in range(ba):
+                aik = a[i, k]
+                for l in range(bb):
+                    full[k * bb + l] += aik * t[i, l]
+        for m in range(ba * bb):
+            out[r, m] = full[perm[m]]
+
+
+@_jit(GEMM_FASTMATH)
+def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, cond_v, cond_u,
+                       p1, p2, ident, eps):
+    """x += hadamard_mlp(zc_rmsnorm(x, pre)), in place (needle `HadamardMLP`, guide §6).
+
+    cond = 1 + softmax(h @ cond_v) @ cond_u; z = kron1(d1 * pad(h))[p1];
+    z = kron2(silu(d2 * cond * z + b2))[p2]; out = (d4 * kron3(d3 * z))[:C]. ident = arange(n).
+    """
+    rows, width = x.shape
+    n = d1.shape[0]
+    rank = cond_v.shape[1]
+    h = np.empty((rows, width), np.float32)
+    _zc_rmsnorm_rows(x, pre, eps, h)
+    z = np.zeros((rows, n), np.float32)
+    cond = np.empty((rows, n), np.float32)
+    e = np.empty(rank, np.float32)
+    for r in range(rows):
+        top = np.float32(-np.inf)
+        for m in range(rank):
+            acc = np.float32(0.0)
+            for c in range(width):
+                acc += h[r, c] * cond_v[c, m]
+            e[m] = acc
+            top = max(top, acc)
+        total = np.float32(0.0)
+        for m in range(rank):
+            e[m] = np.exp(e[m] - top)
+            total += e[m]
+        for m in range(rank):
+            e[m] = e[m] / total
+        for k in range(n):
+            acc = np.float32(0.0)
+            for m in range(rank):
+                acc += e[m] * cond_u[m, k]
+            cond[r, k] = acc + np.float32(1.0)
+        for c in range(width):
+            z[r, c] = d1[c] * h[r, c]
+    y = np.empty((rows, n), np.float32)
+    _kron_rows(z, w1a, w1b, p1, y)
+    for r in range(rows):
+        for k in range(n):
+            s = d2[k] * cond[r, k] * y[r, k] + b2[k]
+            y[r, k] = s * _sigmoid(s)
+    _kron_rows(y, w2a, w2b, p2, z)
+    for r in range(rows):
+        for k in range(n):
+            z[r, k] *= d3[k]
+    _kron_rows(z, w3a, w3b, ident, y)
+    for r in range(rows):
+        for c in range(width):
+            x[r, c] = x[r, c] + d4[c] * y[r, c]

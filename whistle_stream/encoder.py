@@ -22,7 +22,7 @@ from . import kernels as K
 
 @njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
 def _stem_conv_in(x, w, out):
-    """3x3 stride-2 conv, zero padding 1, one input channel -> C, fused SiLU.
+    """3x3 stride-2 conv, zero padding 1, one input channel -> C.
 
     x (T, M) features; w (9, C) with row 3 * time + mel; out (ceil(T/2), ceil(M/2), C).
     Cross-correlation as lax.conv_general_dilated computes it (the kernel is not flipped).
@@ -46,8 +46,6 @@ def _stem_conv_in(x, w, out):
                     wk = w[3 * i + j]
                     for c in range(c_dim):
                         o[c] += v * wk[c]
-            for c in range(c_dim):
-                o[c] = o[c] / (np.float32(1.0) + np.exp(-o[c]))
 
 
 @njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
@@ -75,19 +73,13 @@ def _stem_depthwise(x, w, out):
 
 
 @njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
-def _conv_time_glu(h, w, out):
-    """GLU then depthwise conv over time, "SAME" zero padding, kernel applied unflipped.
-
-    h (T, 2C) = pw1 output; g = h[:, :C] * sigmoid(h[:, C:]);
-    out[t, c] = sum_k g[t + k - (K - 1) // 2, c] * w[k, c], w (K, C).
-    """
-    t_dim = h.shape[0]
+def _conv_time(g, w, out):
+    """Depthwise conv over time, "SAME" zero padding, the kernel applied unflipped
+    (lax.conv_general_dilated is a cross-correlation): out[t, c] = sum_k g[t + k - (K-1)//2, c] * w[k, c].
+    g (T, C), w (K, C)."""
+    t_dim = g.shape[0]
     taps, c_dim = w.shape
     left = (taps - 1) // 2
-    g = np.empty((t_dim, c_dim), np.float32)
-    for t in range(t_dim):
-        for c in range(c_dim):
-            g[t, c] = h[t, c] / (np.float32(1.0) + np.exp(-h[t, c_dim + c]))
     for t in range(t_dim):
         o = out[t]
         for c in range(c_dim):
@@ -129,12 +121,13 @@ class Stem:
         c = self.channels
         x = np.empty((halve(t), halve(m), c), np.float32)
         _stem_conv_in(np.ascontiguousarray(feats, np.float32), self.w, x)
+        B.silu_inplace(x)
         for dw, pw in zip(self.dw, self.pw):
             y = np.empty((halve(x.shape[0]), halve(x.shape[1]), c), np.float32)
             _stem_depthwise(x, dw, y)
             rows = y.shape[0] * y.shape[1]
             x = pw(y.reshape(rows, c))
-            K._silu_inplace(x)
+            B.silu_inplace(x)
             x = x.reshape(y.shape)
         frames = x.shape[0]
         flat = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(frames, -1)  # index mel_bands * c + f
@@ -183,7 +176,7 @@ class EncoderBlock:
         k = B.fake_quant_int8(B.apply_rope(k, cos, sin))  # per-head int8 KV
         v = B.fake_quant_int8(v.reshape(t, self.kv_heads, self.v_dim))
         o = B.attend(q, k, v)  # (T, heads * v_dim), bidirectional over the clip
-        K._sigmoid_inplace(g)
+        B.sigmoid_inplace(g)
         o *= g
         return self.out_proj(B.fake_quant_int8(o))
 
@@ -193,10 +186,13 @@ class EncoderBlock:
         h = self.attention(B.zc_rmsnorm(x, n["ZCRMSNorm_0"]), cos, sin)
         x = x + self.attn_gate * B.zc_rmsnorm(h, n["post_attn_norm"])
         h = self.pw1(B.fake_quant_int8(B.zc_rmsnorm(x, n["conv_norm"])))  # (T, 2 * width)
+        g = h[:, self.width:]
+        B.sigmoid_inplace(g)
+        g *= h[:, :self.width]  # GLU: first half times sigmoid of the second
         c = np.empty((x.shape[0], self.width), np.float32)
-        _conv_time_glu(h, self.dw, c)
+        _conv_time(np.ascontiguousarray(g), self.dw, c)
         c = B.zc_rmsnorm(c, n["conv_out_norm"])
-        K._silu_inplace(c)
+        B.silu_inplace(c)
         x = x + self.pw2(B.fake_quant_int8(c))
         return x + np.float32(0.5) * self.mlp(B.zc_rmsnorm(x, n["pre_hada_norm"]))
 
@@ -209,6 +205,7 @@ class Encoder:
 
     def __init__(self, cact):
         d = cact.dims
+        K.set_blas_threads()
         self.dims = d
         self.mel = np.ascontiguousarray(cact.mel, np.float32)
         self.stem = Stem(cact)

@@ -145,6 +145,16 @@ class Whistle:
                                       0.0)
         return out
 
+    def decode(self, audio, language: str | None = None, keywords=None, beams: int = 5) -> dict:
+        """One window (<= 30 s) without the silence gate: {"tokens", "text", "language"}.
+
+        The token-level view of `transcribe`, for scoring and tests."""
+        pcm = self.load_audio(audio)
+        if len(pcm) > int(WINDOW_S * self.dims.rate):
+            raise ValueError(f"decode takes at most {WINDOW_S:g} s of audio; use transcribe for longer clips")
+        r = self._decode(pcm, self.check_language(language), self._biaser(keywords), _check_beams(beams), False)
+        return {"tokens": list(r["tokens"]), "text": r["text"], "language": r["language"]}
+
     def transcribe(self, audio, language: str | None = None, keywords=None, word_timestamps: bool = False,
                    beams: int = 5) -> dict:
         """Transcribe a clip of any length.

@@ -425,15 +425,9 @@ def encoder_frames(samples: int, cfg: WhistleConfig | None = None) -> int:
     return frames
 
 
-def _bucket_samples(samples: int) -> int:
-    """Padded length for the jitted encoder: 1, 2, 4, 8, 16, 32 s, then multiples of 16 s. Lengths
-    mask the padding (tests/test_harness.py checks the result does not change)."""
-    size = SAMPLE_RATE
-    while size < samples and size < 32 * SAMPLE_RATE:
-        size *= 2
-    if size < samples:
-        size = -(-samples // (16 * SAMPLE_RATE)) * 16 * SAMPLE_RATE
-    return size
+# The decoder's memory is zero-padded to a multiple of this many frames (masked by the frame
+# count; changes logits by ~1e-6), so one compile serves every clip length in a bucket.
+MEMORY_BUCKET = 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,11 +461,17 @@ def _logits_fn(cfg):
 
 
 def _encode_padded(model: RefModel, pcm, pad_to: int | None = None):
-    """(enc (1, F_padded, dim) jax array, frames int) for the sanitised, levelled clip, cached."""
+    """(enc (1, F_bucket, dim) jax array zero-padded to MEMORY_BUCKET frames, frames int) of the
+    sanitised, levelled clip; cached for the last 16 clips.
+
+    The encoder runs on the clip at its own length unless pad_to (samples) is given. It is not
+    bucketed: with int8 activations a padded run is not bit-identical (lengths mask the padding,
+    but ulp-level changes in reductions flip int8 roundings: up to ~2e-2 absolute, per-frame
+    cosine >= 0.99998 on tiny), and the oracle should be exactly Whistle.encode on the clip."""
     pcm = reference_level(reference_sanitize(pcm))
     if len(pcm) == 0:
         raise ValueError("pcm is empty; the encoder needs at least one sample")
-    size = pad_to or _bucket_samples(len(pcm))
+    size = pad_to or len(pcm)
     if size < len(pcm):
         raise ValueError(f"pad_to={size} is shorter than the clip ({len(pcm)} samples)")
     key = (model.key, size, hashlib.sha1(pcm.tobytes()).hexdigest())
@@ -482,7 +482,10 @@ def _encode_padded(model: RefModel, pcm, pad_to: int | None = None):
     wav = np.zeros((1, size), np.float32)
     wav[0, :len(pcm)] = pcm
     enc, frames = _encode_fn(model.cfg)(model.qparams, jnp.asarray(wav), jnp.array([len(pcm)], jnp.int32))
-    result = (enc, int(frames[0]))
+    frames = int(frames[0])
+    memory = np.zeros((1, -(-frames // MEMORY_BUCKET) * MEMORY_BUCKET, model.cfg.dim), np.float32)
+    memory[0, :frames] = np.asarray(enc[0, :frames])
+    result = (jnp.asarray(memory), frames)
     _ENCODED[key] = result
     while len(_ENCODED) > 16:
         _ENCODED.popitem(last=False)
@@ -493,9 +496,9 @@ def ref_embed(model: RefModel, pcm, pad_to: int | None = None) -> np.ndarray:
     """Quantised reference encoder output, (frames, dim) float32, for pcm at 16 kHz in [-1, 1].
 
     Applies guide §3 step 1 (bad samples -> 0) and the level gain, then Whistle.encode with
-    quant=True (guide §1). `pad_to` overrides the padded length (samples) the clip is run at."""
+    quant=True (guide §1) on the clip at its own length (or zero-padded to pad_to samples)."""
     enc, frames = _encode_padded(model, pcm, pad_to)
-    return np.asarray(enc[0, :frames], np.float32)
+    return np.array(enc[0, :frames], np.float32)
 
 
 def _check_tokens(model: RefModel, tokens) -> np.ndarray:

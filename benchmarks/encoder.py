@@ -1,0 +1,114 @@
+"""Encoder speed: our engine against the jitted JAX reference, in the same run, on 30 s of audio.
+
+    python benchmarks/encoder.py                      # full architecture, 30 s espeak clip
+    python benchmarks/encoder.py --shape tiny --repeats 10
+    python benchmarks/encoder.py --model path.cact --no-reference
+
+Both sides run the whole embed path (front end with level gain, stem, encoder) on the same clip,
+warm (JIT compiled, caches loaded), alternating so machine load hits both alike. Prints best and
+median wall time, their ratio, the cosine between the outputs and the peak RSS of the process
+before the reference was loaded (our engine alone) and at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from whistle_stream.container import CactFile  # noqa: E402
+from whistle_stream.encoder import Encoder  # noqa: E402
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def clip(seconds: float) -> np.ndarray:
+    from tests.harness.audio import speech_of_length
+
+    return speech_of_length(int(seconds * 16000) - 1)
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="full", help="harness model shape (tiny, odd, full)")
+    ap.add_argument("--model", help="a .cact to run instead of the harness model (implies --no-reference)")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--no-reference", action="store_true")
+    args = ap.parse_args()
+
+    pcm = clip(args.seconds)
+    ref_model = None
+    if args.model:
+        path, args.no_reference = args.model, True
+    else:
+        from tests.harness.reference import build_model
+
+        ref_model = build_model(args.shape)
+        path = ref_model.path
+
+    start = time.perf_counter()
+    engine = Encoder(CactFile(path))
+    engine.embed(pcm[:16000])  # JIT / cache warm-up
+    print(f"engine load + warm-up: {time.perf_counter() - start:.2f} s")
+    ours = engine.embed(pcm)
+    rss_engine = peak_rss_mb()
+
+    run_ref = None
+    if not args.no_reference:
+        import jax.numpy as jnp
+        from tests.harness import reference as R
+
+        R._deploy()
+        levelled = R.reference_level(R.reference_sanitize(pcm))
+        fn = R._encode_fn(ref_model.cfg)
+        wav, lengths = jnp.asarray(levelled)[None], jnp.array([len(levelled)], jnp.int32)
+
+        def run_ref():
+            enc, frames = fn(ref_model.qparams, wav, lengths)
+            enc.block_until_ready()
+            return np.asarray(enc[0, :int(frames[0])])
+
+        start = time.perf_counter()
+        ref = run_ref()
+        print(f"reference compile + first run: {time.perf_counter() - start:.2f} s")
+        cos = float((ours.ravel() @ ref.ravel()) / (np.linalg.norm(ours) * np.linalg.norm(ref)))
+        print(f"frames: engine {len(ours)}, reference {len(ref)}; cosine over the clip {cos:.6f}")
+
+    t_ours, t_ref = [], []
+    for _ in range(args.repeats):
+        t_ours.append(timed(lambda: engine.embed(pcm)))
+        if run_ref is not None:
+            t_ref.append(timed(run_ref))
+
+    feats = engine.features(pcm)
+    t_front = min(timed(lambda: engine.features(pcm)) for _ in range(3))
+    t_stem = min(timed(lambda: engine.stem(feats)) for _ in range(3))
+
+    print(f"audio: {len(pcm) / 16000:.2f} s, {len(ours)} encoder frames, model {path}")
+    print(f"engine   : best {min(t_ours):.3f} s, median {np.median(t_ours):.3f} s "
+          f"(front end {t_front * 1e3:.0f} ms, stem {t_stem * 1e3:.0f} ms)")
+    if t_ref:
+        print(f"reference: best {min(t_ref):.3f} s, median {np.median(t_ref):.3f} s (JAX, jitted, warm)")
+        print(f"ratio reference / engine: best {min(t_ref) / min(t_ours):.2f}x, "
+              f"median {np.median(t_ref) / np.median(t_ours):.2f}x")
+    print(f"peak RSS: engine alone {rss_engine:.0f} MB, whole run {peak_rss_mb():.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

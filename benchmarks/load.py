@@ -1,0 +1,272 @@
+"""Load test: N concurrent real-time streams of a speech WAV against a whistle-stream server.
+
+    python benchmarks/load.py --sessions 16                    # starts `whistle-stream serve` itself
+    python benchmarks/load.py --sweep 4,8,16,24,32             # largest N that stays real time
+    python benchmarks/load.py --url ws://host:8000 --sessions 8
+    python benchmarks/load.py --fake --sessions 16             # the fake engine (tests/fakes.py), a smoke run
+
+Each stream sends its audio in 100 ms frames paced at real time, then `close`. Commit latency is
+measured at the client: the time a word arrives in a `committed` message minus the time its last
+audio was sent. Pass time comes from the server's /metrics histogram (the delta over the run),
+CPU from the server process when this script started it (else the whole machine). A level is
+"sustained" when every stream ends without an error and p95 commit latency is under --target-p95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import wave
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clients.client import ListenClient  # noqa: E402
+from service import protocol as P  # noqa: E402
+
+RATE = 16000
+FRAME_S = 0.1
+SPEECH = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
+          "A journey of a thousand miles begins with a single step. Peter Piper picked a peck of "
+          "pickled peppers. How much wood would a woodchuck chuck if a woodchuck could chuck wood.")
+
+
+def load_wav(path: str) -> np.ndarray:
+    with wave.open(path, "rb") as w:
+        rate, width, channels = w.getframerate(), w.getsampwidth(), w.getnchannels()
+        data = w.readframes(w.getnframes())
+    if width != 2:
+        raise SystemExit(f"{path}: need 16-bit PCM WAV, got {8 * width}-bit")
+    audio = np.frombuffer(data, "<i2").reshape(-1, channels).mean(1).astype(np.float32) / 32768
+    if rate != RATE:
+        import soxr
+        audio = soxr.resample(audio, rate, RATE).astype(np.float32)
+    return audio
+
+
+def synthesize_speech() -> np.ndarray:
+    """A speech clip from espeak-ng (installed on the dev machine) when no --wav is given."""
+    if shutil.which("espeak-ng") is None:
+        raise SystemExit("no --wav given and espeak-ng is not installed")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "speech.wav")
+        subprocess.run(["espeak-ng", "-s", "150", "-w", path, SPEECH], check=True)
+        return load_wav(path)
+
+
+def scrape(http_url: str) -> str:
+    with urllib.request.urlopen(http_url + "/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def histogram(text: str, name: str) -> dict[float, float]:
+    out = {}
+    for le, value in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} ([0-9.e+-]+)$', text, re.M):
+        out[float("inf") if le == "+Inf" else float(le)] = float(value)
+    return out
+
+
+def histogram_quantile(before: dict, after: dict, q: float) -> float | None:
+    """Quantile of the observations between two scrapes, interpolated within a bucket."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0
+    if not total:
+        return None
+    rank, previous_bound, previous_count = q * total, 0.0, 0.0
+    for bound, count in zip(bounds, counts):
+        if count >= rank:
+            if bound == float("inf"):
+                return previous_bound
+            return previous_bound + (bound - previous_bound) * (rank - previous_count) / max(count - previous_count, 1e-9)
+        previous_bound, previous_count = bound, count
+    return bounds[-2] if len(bounds) > 1 else None
+
+
+async def one_stream(url: str, audio: np.ndarray, token: str | None, start_delay: float) -> dict:
+    await asyncio.sleep(start_delay)
+    result = {"latencies": [], "error": None, "final": None}
+    client = ListenClient(url, token=token, retries=2, backoff=0.5)
+    try:
+        await client.connect()
+    except Exception as e:
+        result["error"] = f"connect: {e}"
+        return result
+    t0 = time.monotonic()
+
+    async def receive():
+        async for m in client:
+            now = time.monotonic()
+            if isinstance(m, P.Committed):
+                result["latencies"] += [now - (t0 + w.end) for w in m.words]
+            elif isinstance(m, P.Error):
+                result["error"] = f"{m.code.value}: {m.message}"
+            elif isinstance(m, P.Final) and m.reason != "finalize":
+                result["final"] = m
+
+    receiver = asyncio.create_task(receive())
+    frame = int(FRAME_S * RATE)
+    try:
+        for i in range(0, len(audio), frame):
+            await client.send_audio(audio[i:i + frame])
+            delay = t0 + (i + frame) / RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        result["sent_s"] = time.monotonic() - t0
+        await client.request_close()
+        await asyncio.wait_for(receiver, 120)
+        result["tail_s"] = time.monotonic() - t0 - len(audio) / RATE
+    except Exception as e:
+        result["error"] = result["error"] or f"{type(e).__name__}: {e}"
+        receiver.cancel()
+    return result
+
+
+def percentile(values, q):
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def run_level(url: str, http_url: str, audio: np.ndarray, n: int, token, server_pid) -> dict:
+    import psutil
+    proc = psutil.Process(server_pid) if server_pid else None
+    before = scrape(http_url)
+    cpu0 = proc.cpu_times() if proc else psutil.cpu_times()
+    wall0 = time.monotonic()
+    # stagger the starts over one step so the passes do not all land at once
+    results = await asyncio.gather(*(one_stream(url, audio, token, k / n) for k in range(n)))
+    wall = time.monotonic() - wall0
+    cpu1 = proc.cpu_times() if proc else psutil.cpu_times()
+    after = scrape(http_url)
+    busy = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    latencies = [x for r in results for x in r["latencies"]]
+    errors = [r["error"] for r in results if r["error"] or r["final"] is None]
+    return {
+        "sessions": n,
+        "errors": len(errors),
+        "error_examples": [e for e in errors if e][:3],
+        "words": len(latencies),
+        "commit_p50": percentile(latencies, 50),
+        "commit_p95": percentile(latencies, 95),
+        "pass_p95": histogram_quantile(histogram(before, "whistle_pass_seconds"),
+                                       histogram(after, "whistle_pass_seconds"), 0.95),
+        "cpu_percent": 100.0 * busy / wall,   # percent of one core
+        "cores": cores,
+        "tail_p95": percentile([r.get("tail_s", float("nan")) for r in results if "tail_s" in r], 95),
+    }
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    """Start a server on a free port: the real one (`whistle-stream serve`) or the fake."""
+    if args.fake:
+        cmd = [sys.executable, str(ROOT / "tests" / "fakes.py"), "serve", "--fake-pass-s", str(args.fake_pass_s)]
+    else:
+        cmd = [sys.executable, "-m", "service.server"] + (["--model", args.model] if args.model else [])
+    cmd += ["--port", "0", "--max-sessions", str(max(args.levels) + 8)]
+    if args.workers:
+        cmd += ["--workers", str(args.workers)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    port = None
+    deadline = time.monotonic() + 600   # the first start may compile the JIT cache
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            raise SystemExit(f"the server exited: {proc.wait()}")
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "listening":
+            port = event["port"]
+        elif event.get("event") == "ready":
+            # keep draining stderr so the server never blocks on a full pipe
+            import threading
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            return proc, f"ws://127.0.0.1:{port}"
+    proc.kill()
+    raise SystemExit("the server did not become ready")
+
+
+def print_table(rows, target):
+    head = f"{'N':>4} {'errors':>6} {'words':>6} {'commit p50':>11} {'commit p95':>11} {'pass p95':>9} {'CPU %':>7} {'tail p95':>9}  sustained"
+    print(head)
+    print("-" * len(head))
+    def sec(x, digits=2):
+        return "-" if x is None or x != x else f"{x:.{digits}f}s"
+
+    for r in rows:
+        ok = r["errors"] == 0 and r["commit_p95"] < target
+        print(f"{r['sessions']:>4} {r['errors']:>6} {r['words']:>6} {sec(r['commit_p50']):>11} "
+              f"{sec(r['commit_p95']):>11} {sec(r['pass_p95'], 3):>9} {r['cpu_percent']:>7.0f} "
+              f"{sec(r['tail_p95']):>9}  {'yes' if ok else 'no'}")
+        for e in r["error_examples"]:
+            print(f"       error: {e}")
+
+
+async def amain(args) -> int:
+    audio = load_wav(args.wav) if args.wav else synthesize_speech()
+    if args.seconds:
+        reps = int(np.ceil(args.seconds * RATE / len(audio)))
+        audio = np.tile(audio, reps)[: int(args.seconds * RATE)]
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url = start_server(args)
+    http_url = "http" + url[2:] if url.startswith("ws") else url
+    rows = []
+    try:
+        for n in args.levels:
+            row = await run_level(url, http_url, audio, n, args.token, proc.pid if proc else None)
+            rows.append(row)
+            print(f"N={n}: errors {row['errors']}, words {row['words']}, commit p95 {row['commit_p95']:.2f} s",
+                  file=sys.stderr)
+            if args.stop_on_failure and (row["errors"] or row["commit_p95"] >= args.target_p95):
+                break
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+    print(f"\nclip {len(audio) / RATE:.1f} s per stream, real-time pacing, {FRAME_S * 1000:.0f} ms frames, "
+          f"server {'started here' if proc else url}, {rows[0]['cores'] if rows else '?'} cores")
+    print_table(rows, args.target_p95)
+    ok = [r["sessions"] for r in rows if r["errors"] == 0 and r["commit_p95"] < args.target_p95]
+    print(f"\nlargest sustained N: {max(ok) if ok else 'none'} (p95 commit latency < {args.target_p95:g} s, no errors)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--url", help="a running server (default: start one here on a free port)")
+    p.add_argument("--model", help="model for the server started here")
+    p.add_argument("--workers", type=int, help="engine workers for the server started here")
+    p.add_argument("--fake", action="store_true", help="start the fake engine instead (smoke test)")
+    p.add_argument("--fake-pass-s", type=float, default=0.05, help="fake engine seconds per pass")
+    p.add_argument("--wav", help="16-bit speech WAV (default: synthesized with espeak-ng)")
+    p.add_argument("--seconds", type=float, default=30.0, help="audio per stream (the clip loops)")
+    p.add_argument("--sessions", type=int, default=16, help="concurrent streams")
+    p.add_argument("--sweep", help="comma-separated session counts, run in order")
+    p.add_argument("--stop-on-failure", action="store_true", help="stop the sweep at the first level not sustained")
+    p.add_argument("--target-p95", type=float, default=3.0, help="p95 commit latency target, seconds")
+    p.add_argument("--token", default=os.environ.get("WHISTLE_TOKEN"))
+    p.add_argument("--json", help="also write the rows to this JSON file")
+    args = p.parse_args(argv)
+    args.levels = [int(x) for x in args.sweep.split(",")] if args.sweep else [args.sessions]
+    return asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

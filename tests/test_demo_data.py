@@ -1,0 +1,125 @@
+"""The demo model's synthetic data: grammar size, determinism, held-out splits, augmentation."""
+
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools import demo_data  # noqa: E402  (module access only: its test_* helpers are not tests)
+
+needs_tts = pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("flite")),
+                               reason="espeak-ng and flite are needed to synthesise clips")
+
+
+def test_grammar_vocabulary_has_at_least_400_words():
+    assert len(demo_data.grammar_vocabulary()) >= 400
+
+
+@pytest.mark.parametrize("n, words", [(0, "zero"), (13, "thirteen"), (42, "forty-two"), (90, "ninety"),
+                                      (305, "three hundred and five"), (1000, "one thousand")])
+def test_numbers_are_spelled_as_words(n, words):
+    assert demo_data.number_words(n) == words
+
+
+@pytest.mark.parametrize("n, words", [(1, "first"), (12, "twelfth"), (23, "twenty-third"), (40, "fortieth"),
+                                      (100, "one hundredth")])
+def test_ordinals_are_spelled_as_words(n, words):
+    assert demo_data.ordinal_words(n) == words
+
+
+@pytest.mark.parametrize("n", [-1, 1001])
+def test_numbers_outside_the_grammar_are_rejected(n):
+    with pytest.raises(ValueError, match="0..1000"):
+        demo_data.number_words(n)
+
+
+def test_clip_specs_are_a_function_of_the_seed():
+    assert demo_data.train_items(200, seed=3) == demo_data.train_items(200, seed=3)
+    assert demo_data.test_items(50, seed=3) == demo_data.test_items(50, seed=3)
+    assert demo_data.train_items(200, seed=3) != demo_data.train_items(200, seed=4)
+
+
+def test_sentences_have_normal_casing_and_end_punctuation():
+    for text in demo_data.train_sentences(300, seed=0):
+        assert text[0].isupper() and text[-1] in ".?", text
+
+
+def test_held_out_sentences_never_appear_in_training():
+    held_out = {it["text"] for it in demo_data.test_items(300, seed=0)}
+    held_out |= {it["text"] for it in demo_data.validation_items(seed=0)}
+    assert len(held_out) == 400
+    assert held_out.isdisjoint(demo_data.train_sentences(6000, seed=0))
+
+
+def test_held_out_voices_never_appear_in_training():
+    assert set(demo_data.TEST_VOICES).isdisjoint(demo_data.TRAIN_VOICES)
+    assert {it["voice"] for it in demo_data.train_items(2000, seed=0)} <= set(demo_data.TRAIN_VOICES)
+    tested = {it["voice"] for it in demo_data.test_items(300, seed=0)}
+    assert tested <= set(demo_data.TEST_VOICES)
+    assert any(v.startswith("flite/") for v in tested) and any(v.startswith("espeak-ng/") for v in tested)
+
+
+def test_test_split_holds_at_least_200_clips():
+    assert len(demo_data.test_items(200, seed=0)) == 200
+    with pytest.raises(ValueError, match="test_items takes"):
+        demo_data.test_items(demo_data.TEST_POOL, seed=0)
+
+
+def _speechlike(seconds=2.0):
+    t = np.arange(int(seconds * demo_data.RATE)) / demo_data.RATE
+    audio = 0.3 * np.sin(2 * np.pi * 220 * t) * (np.sin(2 * np.pi * 3 * t) > 0)
+    return np.concatenate([np.zeros(4000), audio, np.zeros(4000)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("snr_db", [5.0, 12.5, 30.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_added_noise_has_the_requested_snr(snr_db, seed):
+    audio = _speechlike()
+    noisy = demo_data.add_noise(audio, snr_db, np.random.default_rng(seed))
+    speech = audio[np.abs(audio) > 1e-4].astype(np.float64)
+    noise = noisy.astype(np.float64) - audio
+    measured = 10 * np.log10(np.mean(speech ** 2) / np.mean(noise ** 2))
+    assert abs(measured - snr_db) < 0.05
+
+
+def test_augmentation_draws_silence_snr_and_gain_within_range():
+    audio = _speechlike()
+    snrs = []
+    for seed in range(40):
+        record = {}
+        out = demo_data.augment(audio, np.random.default_rng(seed), record)
+        assert 0.1 <= record["lead"] <= 0.8 and 0.1 <= record["trail"] <= 0.8
+        assert len(out) == len(audio) + int(record["lead"] * demo_data.RATE) + int(record["trail"] * demo_data.RATE)
+        assert not np.any(out[:int(record["lead"] * demo_data.RATE)]) or record["snr_db"] is not None
+        assert -18.0 <= record["gain_db"] <= 6.0
+        assert out.dtype == np.float32 and np.max(np.abs(out)) <= 1.0
+        if record["snr_db"] is not None:
+            snrs.append(record["snr_db"])
+    assert snrs and all(5.0 <= s <= 30.0 for s in snrs)
+
+
+@needs_tts
+def test_a_clip_is_a_function_of_text_voice_and_seed():
+    a = demo_data.make_clip("Set a timer for ten minutes.", "espeak-ng/en-us+f2", seed=7)
+    b = demo_data.make_clip("Set a timer for ten minutes.", "espeak-ng/en-us+f2", seed=7)
+    c = demo_data.make_clip("Set a timer for ten minutes.", "espeak-ng/en-us+f2", seed=8)
+    assert a.dtype == np.float32 and a.ndim == 1 and len(a) > demo_data.RATE
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a[:min(len(a), len(c))], c[:min(len(a), len(c))])
+
+
+@needs_tts
+def test_held_out_clips_regenerate_as_audio_and_text():
+    clips = demo_data.test_clips(3, seed=0)
+    items = demo_data.test_items(3, seed=0)
+    assert [text for _, text in clips] == [it["text"] for it in items]
+    for audio, _ in clips:
+        assert audio.dtype == np.float32 and 0.5 * demo_data.RATE < len(audio) < 10 * demo_data.RATE
+
+
+def test_unknown_voice_is_rejected():
+    with pytest.raises(ValueError, match="unknown voice"):
+        demo_data.make_clip("Call mom.", "festival/kal", seed=0)
