@@ -28,16 +28,17 @@ _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)
 _LN2_LO = np.float32(-2.12194440e-4)
 _EXP_LO = np.float32(-87.3)  # below this exp underflows float32's normal range: returns 0
+_EXP_HI = np.float32(88.7)  # above this it overflows: returns inf
 _EXP_POLY = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3),
              np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _exp_neg(x, out, bits, n):
-    """out[:n] = exp(x[:n]) for x <= 0 (softmax after subtracting the max); bits: int32 scratch."""
+    """out[:n] = exp(x[:n]) (vectorised; x[i] may alias out[i]); bits: int32 scratch (n,)."""
     c0, c1, c2, c3, c4, c5 = _EXP_POLY
     for i in range(n):
-        v = max(x[i], _EXP_LO)
+        v = min(max(x[i], _EXP_LO), _EXP_HI)
         k = np.floor(v * _LOG2E + np.float32(0.5))
         r = v - k * _LN2_HI - k * _LN2_LO
         z = r * r
@@ -46,12 +47,17 @@ def _exp_neg(x, out, bits, n):
         out[i] = y
     scale = bits[:n].view(np.float32)
     for i in range(n):
-        out[i] = out[i] * scale[i] if x[i] >= _EXP_LO else np.float32(0.0)
+        out[i] = out[i] * scale[i]
+    for i in range(n):
+        if x[i] < _EXP_LO:
+            out[i] = 0.0
+        elif x[i] > _EXP_HI:
+            out[i] = np.inf
 
 
 @_jit()
 def _exp_rows(x, out):
-    """exp of a (rows, n) array of values <= 0 with `_exp_neg` (test hook)."""
+    """exp of a (rows, n) array with `_exp_neg` (test hook)."""
     bits = np.empty(x.shape[1], np.int32)
     for r in range(x.shape[0]):
         _exp_neg(x[r], out[r], bits, x.shape[1])
@@ -310,14 +316,28 @@ def _norm_quant_rotate(x, scale, eps, group, hr):
     _fwht_rows(h, group, hr)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sigmoid_vec(x, out, bits):
+    """out = 1 / (1 + exp(-x)) over a 1-D array, with the vectorised exp (out may alias x)."""
+    n = x.shape[0]
+    for i in range(n):
+        out[i] = -x[i]
+    _exp_neg(out, out, bits, n)
+    for i in range(n):
+        out[i] = np.float32(1.0) / (np.float32(1.0) + out[i])
+
+
 @_jit(GEMM_FASTMATH)
 def _gate_quant_rotate(att, gate, group, hr):
     """hr = FWHT(int8(att * sigmoid(gate))): attention output into the rotated domain of out_proj."""
     rows, width = att.shape
     h = np.empty((rows, width), np.float32)
+    sig = np.empty(width, np.float32)
+    bits = np.empty(width, np.int32)
     for r in range(rows):
+        _sigmoid_vec(gate[r], sig, bits)
         for c in range(width):
-            h[r, c] = att[r, c] * _sigmoid(gate[r, c])
+            h[r, c] = att[r, c] * sig[c]
     _fake_quant_rows(h, h)
     _fwht_rows(h, group, hr)
 
@@ -478,10 +498,15 @@ def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b,
             z[r, c] = d1[c] * h[r, c]
     y = np.empty((rows, n), np.float32)
     _kron_rows(z, w1a, w1b, p1, y)
+    pre = np.empty(n, np.float32)
+    sig = np.empty(n, np.float32)
+    bits = np.empty(n, np.int32)
     for r in range(rows):
         for k in range(n):
-            s = d2[k] * cond[r, k] * y[r, k] + b2[k]
-            y[r, k] = s * _sigmoid(s)
+            pre[k] = d2[k] * cond[r, k] * y[r, k] + b2[k]
+        _sigmoid_vec(pre, sig, bits)
+        for k in range(n):
+            y[r, k] = pre[k] * sig[k]
     _kron_rows(y, w2a, w2b, p2, z)
     for r in range(rows):
         for k in range(n):

@@ -29,23 +29,20 @@ def _stem_conv_in(x, w, out):
     """
     t_in, m_in = x.shape
     t_out, m_out, c_dim = out.shape
+    xp = np.zeros((2 * t_out + 2, 2 * m_out + 2), np.float32)  # one zero of padding each side
+    xp[1:t_in + 1, 1:m_in + 1] = x
+    taps = np.empty(9, np.float32)
     for t in range(t_out):
         for f in range(m_out):
+            for i in range(3):
+                for j in range(3):
+                    taps[3 * i + j] = xp[2 * t + i, 2 * f + j]
             o = out[t, f]
             for c in range(c_dim):
-                o[c] = 0.0
-            for i in range(3):
-                ti = 2 * t + i - 1
-                if ti < 0 or ti >= t_in:
-                    continue
-                for j in range(3):
-                    fj = 2 * f + j - 1
-                    if fj < 0 or fj >= m_in:
-                        continue
-                    v = x[ti, fj]
-                    wk = w[3 * i + j]
-                    for c in range(c_dim):
-                        o[c] += v * wk[c]
+                acc = np.float32(0.0)
+                for k in range(9):
+                    acc += taps[k] * w[k, c]
+                o[c] = acc
 
 
 @njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
@@ -53,20 +50,16 @@ def _stem_depthwise(x, w, out):
     """Depthwise 3x3 stride-2 conv, zero padding 1: x (T, M, C), w (9, C), out (ceil(T/2), ceil(M/2), C)."""
     t_in, m_in, c_dim = x.shape
     t_out, m_out, _ = out.shape
+    xp = np.zeros((2 * t_out + 2, 2 * m_out + 2, c_dim), np.float32)
+    xp[1:t_in + 1, 1:m_in + 1] = x
     for t in range(t_out):
         for f in range(m_out):
             o = out[t, f]
             for c in range(c_dim):
                 o[c] = 0.0
             for i in range(3):
-                ti = 2 * t + i - 1
-                if ti < 0 or ti >= t_in:
-                    continue
                 for j in range(3):
-                    fj = 2 * f + j - 1
-                    if fj < 0 or fj >= m_in:
-                        continue
-                    xv = x[ti, fj]
+                    xv = xp[2 * t + i, 2 * f + j]
                     wk = w[3 * i + j]
                     for c in range(c_dim):
                         o[c] += xv[c] * wk[c]

@@ -1,0 +1,140 @@
+"""Streaming benchmark: pass time, commit latency, long-stream stability.
+
+    python benchmarks/streaming.py                      # demo model, a 3-minute stream of held-out clips
+    python benchmarks/streaming.py --minutes 60         # + the 60-minute stability run (pass p95, RSS)
+    python benchmarks/streaming.py --full               # + the full architecture: a pass over a 10 s buffer
+
+Commit latency of a word = audio received when the word was committed - the word's end in the audio
+(audio time, 1 s steps). whisper_streaming reports 3.3 s for the same measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+RATE = 16000
+
+
+def build_stream(n: int, seed: int = 0, pause=(0.6, 1.6)):
+    """Held-out demo clips joined with natural pauses -> (audio, [(start_s, end_s, text)])."""
+    from tools.demo_data import test_clips
+
+    rng = np.random.default_rng(seed)
+    parts, utts, t = [], [], 0
+    for audio, text in test_clips(n, seed):
+        gap = np.zeros(int(rng.uniform(*pause) * RATE), np.float32)
+        parts += [gap, audio]
+        t += len(gap)
+        utts.append((t / RATE, (t + len(audio)) / RATE, text, audio))
+        t += len(audio)
+    parts.append(np.zeros(RATE, np.float32))
+    return np.concatenate(parts), utts
+
+
+def run_stream(model, audio: np.ndarray, chunk_s: float = 1.0, rss_every: int = 0):
+    """Feed audio in chunks; returns committed words, per-word commit latency, pass times, RSS samples."""
+    session = model.open_stream()
+    step = int(chunk_s * RATE)
+    words, latency, passes, rss = [], [], [], []
+    for i in range(0, len(audio), step):
+        d = session.feed(audio[i:i + step])
+        if d["pass_ms"]:
+            passes.append(d["pass_ms"] / 1000.0)
+        for w in d["words"]:
+            latency.append(d["received"] - w["end"])
+        words += d["words"]
+        if rss_every and (i // step) % rss_every == 0:
+            rss.append(_rss_mb())
+    final = session.finish()
+    words += final["words"]
+    return words, latency, passes, rss
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _pct(values, q):
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def long_stream(n_minutes: float, seed: int = 1):
+    """A long synthetic stream: held-out clips with pauses, repeated to length."""
+    audio, _ = build_stream(40, seed)
+    reps = int(np.ceil(n_minutes * 60 * RATE / len(audio)))
+    return np.tile(audio, reps)[: int(n_minutes * 60 * RATE)]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model path (default: the bundled demo model)")
+    ap.add_argument("--utterances", type=int, default=40)
+    ap.add_argument("--minutes", type=float, default=0.0, help="also run a long stream of this many minutes")
+    ap.add_argument("--full", action="store_true", help="also time a 10 s pass on the full architecture")
+    args = ap.parse_args(argv)
+
+    from whistle_stream import Whistle
+
+    model = Whistle(args.model)
+    model.warmup()
+    audio, utts = build_stream(args.utterances)
+    t0 = time.perf_counter()
+    words, latency, passes, _ = run_stream(model, audio)
+    wall = time.perf_counter() - t0
+    print(f"model {model.name}: stream of {len(audio) / RATE:.0f} s, {len(utts)} utterances, {len(words)} words")
+    print(f"  pass time      p50 {_pct(passes, 50) * 1000:7.1f} ms   p95 {_pct(passes, 95) * 1000:7.1f} ms")
+    print(f"  commit latency p50 {_pct(latency, 50):7.2f} s    p95 {_pct(latency, 95):7.2f} s   (audio time; whisper_streaming: 3.3 s)")
+    print(f"  real-time factor {wall / (len(audio) / RATE):.3f}")
+
+    if args.minutes:
+        long_audio = long_stream(args.minutes)
+        t0 = time.perf_counter()
+        _, _, passes, rss = run_stream(model, long_audio, rss_every=60)
+        ten = int(min(10.0, args.minutes / 3) * 60)
+        first, last = passes[:ten], passes[-ten:]
+        print(f"  {args.minutes:g}-minute stream: pass p95 first {_pct(first, 95) * 1000:.1f} ms, "
+              f"last {_pct(last, 95) * 1000:.1f} ms; RSS {min(rss):.0f}..{max(rss):.0f} MB "
+              f"(growth after the first minute {max(rss[1:]) - rss[1]:.1f} MB); wall {time.perf_counter() - t0:.0f} s")
+
+    if args.full:
+        full_pass_breakdown()
+
+
+def full_pass_breakdown() -> None:
+    """The full architecture (random weights, shipped shape): one pass over a 10 s buffer."""
+    from harness.audio import clip_set
+    from harness.reference import build_model
+    from whistle_stream import Whistle
+
+    model = Whistle(build_model("full").path)
+    pcm = clip_set()["espeak_12s"][: 10 * RATE]
+    model.warmup()
+    d = model.dims
+    t0 = time.perf_counter()
+    enc = model.embed(pcm)
+    t_enc = time.perf_counter() - t0
+    state = model.decoder.start(enc, beams=5)
+    model.decoder.feed(state, [d.bos, d.first_tag])
+    parents, tokens = np.zeros(5, np.int64), np.full(5, 5, np.int64)
+    model.decoder.step(state, np.zeros(1, np.int64), np.array([5]))
+    times = []
+    for _ in range(30):
+        t = time.perf_counter()
+        model.decoder.step(state, np.arange(state.rows) if state.rows == 5 else parents, tokens)
+        times.append(time.perf_counter() - t)
+    print(f"full architecture, 10 s buffer: encoder {t_enc * 1000:.0f} ms, 5-beam decoder step "
+          f"{np.median(times) * 1000:.1f} ms (median of 30)")
+
+
+if __name__ == "__main__":
+    main()
