@@ -47,19 +47,36 @@ def _stem_conv_in(x, w, out):
 
 @njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
 def _stem_depthwise(x, w, out):
-    """Depthwise 3x3 stride-2 conv, zero padding 1: x (T, M, C), w (9, C), out (ceil(T/2), ceil(M/2), C)."""
+    """Depthwise 3x3 stride-2 conv, zero padding 1: x (T, M, C), w (9, C), out (ceil(T/2), ceil(M/2), C).
+
+    Interior outputs take the nine taps unrolled (vectorised over channels); the border ones,
+    whose taps reach into the padding, go through the bounds-checked loop.
+    """
     t_in, m_in, c_dim = x.shape
     t_out, m_out, _ = out.shape
-    xp = np.zeros((2 * t_out + 2, 2 * m_out + 2, c_dim), np.float32)
-    xp[1:t_in + 1, 1:m_in + 1] = x
     for t in range(t_out):
         for f in range(m_out):
             o = out[t, f]
+            if 2 * t - 1 >= 0 and 2 * t + 1 < t_in and 2 * f - 1 >= 0 and 2 * f + 1 < m_in:
+                a0, a1, a2 = x[2 * t - 1, 2 * f - 1], x[2 * t - 1, 2 * f], x[2 * t - 1, 2 * f + 1]
+                b0, b1, b2 = x[2 * t, 2 * f - 1], x[2 * t, 2 * f], x[2 * t, 2 * f + 1]
+                c0, c1, c2 = x[2 * t + 1, 2 * f - 1], x[2 * t + 1, 2 * f], x[2 * t + 1, 2 * f + 1]
+                for c in range(c_dim):
+                    o[c] = (a0[c] * w[0, c] + a1[c] * w[1, c] + a2[c] * w[2, c]
+                            + b0[c] * w[3, c] + b1[c] * w[4, c] + b2[c] * w[5, c]
+                            + c0[c] * w[6, c] + c1[c] * w[7, c] + c2[c] * w[8, c])
+                continue
             for c in range(c_dim):
                 o[c] = 0.0
             for i in range(3):
+                ti = 2 * t + i - 1
+                if ti < 0 or ti >= t_in:
+                    continue
                 for j in range(3):
-                    xv = xp[2 * t + i, 2 * f + j]
+                    fj = 2 * f + j - 1
+                    if fj < 0 or fj >= m_in:
+                        continue
+                    xv = x[ti, fj]
                     wk = w[3 * i + j]
                     for c in range(c_dim):
                         o[c] += xv[c] * wk[c]

@@ -1,0 +1,55 @@
+"""Word error rate with whisper-style English normalisation, for evaluating transcripts."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+
+def normalise(text: str) -> list[str]:
+    """Whisper's English normaliser when available (numbers, spellings), else a basic one:
+    lower case, punctuation removed, whitespace collapsed. Returns the words."""
+    try:
+        from whisper_normalizer.english import EnglishTextNormalizer
+    except ImportError:  # pragma: no cover - the reference extra brings it
+        EnglishTextNormalizer = None
+    if EnglishTextNormalizer is not None:
+        return EnglishTextNormalizer()(text).split()
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = re.sub(r"[^\w\s']", " ", text)
+    return text.split()
+
+
+def edit_ops(ref: list[str], hyp: list[str]) -> tuple[int, int, int]:
+    """(substitutions, deletions, insertions) of a minimal alignment of hyp to ref."""
+    n, m = len(ref), len(hyp)
+    # cost, subs, dels, ins per cell; ties prefer substitutions, then deletions.
+    prev = [(j, 0, 0, j) for j in range(m + 1)]
+    for i in range(1, n + 1):
+        cur = [(i, 0, i, 0)]
+        for j in range(1, m + 1):
+            c_sub = prev[j - 1]
+            same = ref[i - 1] == hyp[j - 1]
+            sub = (c_sub[0] + (0 if same else 1), c_sub[1] + (0 if same else 1), c_sub[2], c_sub[3])
+            dele = (prev[j][0] + 1, prev[j][1], prev[j][2] + 1, prev[j][3])
+            ins = (cur[j - 1][0] + 1, cur[j - 1][1], cur[j - 1][2], cur[j - 1][3] + 1)
+            cur.append(min(sub, dele, ins, key=lambda t: t[0]))
+        prev = cur
+    _, s, d, i = prev[m]
+    return s, d, i
+
+
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(errors, reference words) after normalisation."""
+    ref, hyp = normalise(reference), normalise(hypothesis)
+    s, d, i = edit_ops(ref, hyp)
+    return s + d + i, len(ref)
+
+
+def wer(references: list[str], hypotheses: list[str]) -> float:
+    """Corpus WER: total edits / total reference words."""
+    errors = words = 0
+    for r, h in zip(references, hypotheses, strict=True):
+        e, n = word_errors(r, h)
+        errors, words = errors + e, words + n
+    return errors / max(words, 1)

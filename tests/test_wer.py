@@ -1,0 +1,29 @@
+"""The WER function used to evaluate the demo model, against jiwer."""
+
+import jiwer
+import pytest
+
+from harness.wer import edit_ops, normalise, wer
+
+
+@pytest.mark.parametrize("ref, hyp", [
+    ("set a timer for ten minutes", "set the timer for ten minutes"),
+    ("turn on the lights", "turn on lights in the kitchen"),
+    ("call mom", ""),
+    ("a b c d", "a x b c d e"),
+    ("one two three", "one two three"),
+])
+def test_wer_matches_jiwer_on_normalised_words(ref, hyp):
+    r, h = " ".join(normalise(ref)), " ".join(normalise(hyp))
+    want = jiwer.wer(r, h) if h else 1.0
+    assert wer([ref], [hyp]) == pytest.approx(want)
+
+
+def test_normalisation_ignores_case_and_punctuation():
+    assert normalise("Set a timer, please!") == normalise("set a timer please")
+
+
+def test_edit_ops_counts_each_kind():
+    assert edit_ops(["a", "b", "c"], ["a", "c"]) == (0, 1, 0)
+    assert edit_ops(["a", "c"], ["a", "b", "c"]) == (0, 0, 1)
+    assert edit_ops(["a", "b"], ["a", "x"]) == (1, 0, 0)
