@@ -170,3 +170,57 @@ def test_hadamard_mlp_matches_einsum_twin(width, n):
         x = rand(rows, width)
         got = B.HadamardMLP(p, p1.astype(np.float32), p2.astype(np.float32), width)(x)
         np.testing.assert_allclose(got, twin_hadamard_mlp(x, p, p1, p2, width), rtol=1e-4, atol=1e-5)
+
+
+class _Arrays:
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def array(self, name):
+        return self.arrays[name]
+
+
+def twin_lane_step(x, layer, hc, block):
+    """needle `_LaneBody` for one layer, written with einsum, phi as (nC, n) / (nC, n*n)."""
+    rows, n, c = x.shape
+    lane = np.eye(n, dtype=np.float32)[layer % n]
+    nx = twin_fake_quant(twin_zc_rmsnorm(x.reshape(rows, n * c), np.zeros(n * c, np.float32)))
+    sig = lambda v: 1 / (1 + np.exp(-v))
+    hpre = sig(hc["a_pre"][layer] * (nx @ hc["phi_pre"][layer]) + hc["b_pre"][layer] + 8 * lane - 4)
+    u = np.einsum("rn,rnc->rc", hpre, x)
+    y = block(u) - u
+    hpost = 2 * sig(hc["a_post"][layer] * (nx @ hc["phi_post"][layer]) + hc["b_post"][layer] - 4 * (1 - lane))
+    hres = twin_sinkhorn(hc["a_res"][layer] * (nx @ hc["phi_res"][layer]).reshape(rows, n, n) + hc["b_res"][layer])
+    return np.einsum("rij,rjc->ric", hres, x) + hpost[..., None] * y[:, None, :]
+
+
+@pytest.mark.parametrize("lanes,layer", [(4, 0), (4, 2), (3, 4)])
+def test_lane_mixer_step_matches_the_reference_lane_body(lanes, layer):
+    n, c, layers, rows = lanes, 16, 5, 6
+    hc = {"phi_pre": rand(layers, n * c, n, scale=0.1), "phi_post": rand(layers, n * c, n, scale=0.1),
+          "phi_res": rand(layers, n * c, n * n, scale=0.1), "a_pre": rand(layers), "a_post": rand(layers),
+          "a_res": rand(layers), "b_pre": rand(layers, n), "b_post": rand(layers, n),
+          "b_res": rand(layers, n, n) + 4 * np.eye(n, dtype=np.float32)}
+    arrays = {f"encoder.mhc_{k}": v for k, v in hc.items() if not k.startswith("phi")}
+    for k in ("phi_pre", "phi_post", "phi_res"):  # stored (L * lanes, lanes * width): row l*lanes + j = phi[l][:, j]
+        arrays[f"encoder.mhc_{k}"] = hc[k].transpose(0, 2, 1).reshape(-1, n * c)
+    arrays["encoder.final_norm"] = rand(c, scale=0.2)
+    mixer = B.LaneMixer(_Arrays(arrays), "encoder.", layers, n, c)
+    x = rand(rows, n, c)
+    block = lambda u: np.tanh(u) * 1.5 + u
+    np.testing.assert_allclose(mixer.step(layer, x, block), twin_lane_step(x, layer, hc, block), rtol=1e-4, atol=1e-4)
+    start = mixer.expand(x[:, 0])
+    assert start.shape == (rows, n, c) and np.all(start == x[:, :1])
+    np.testing.assert_allclose(mixer.collapse(x), twin_zc_rmsnorm(x.mean(1), arrays["encoder.final_norm"]),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_sinkhorn_wrapper_matches_twin_for_many_rows():
+    logits = rand(400, 3, 3, scale=3.0)
+    np.testing.assert_allclose(B.sinkhorn(logits), twin_sinkhorn(logits), rtol=1e-5, atol=1e-6)
+
+
+def test_silu_chunks_cover_arrays_of_any_size():
+    for n in (10, 5000, (1 << 15) + 3, 3 * (1 << 15)):
+        x = rand(n, scale=4.0)
+        np.testing.assert_allclose(B.silu(x), x / (1 + np.exp(-x.astype(np.float64))), rtol=1e-5, atol=1e-6)

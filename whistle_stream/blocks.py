@@ -16,9 +16,6 @@ from . import kernels as K
 
 NORM_EPS = 1e-6  # ZCRMSNorm and _rms_unit epsilon in the reference
 SINKHORN_ITERS = 20  # needle `_sinkhorn` default
-# Above this many elements numpy's SIMD exp beats Numba's scalar libm exp (no SVML here):
-# softmax over (3000, 375) 1.5 ms vs 13.6 ms; below it numpy's per-call overhead dominates.
-SMALL_ELEMENTS = 4096
 
 
 def _f32_rows(x: np.ndarray) -> np.ndarray:
@@ -61,7 +58,7 @@ def rms_unit(x: np.ndarray, eps: float = NORM_EPS) -> np.ndarray:
 def softmax(x: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, max-subtracted, float32."""
     x2 = _f32_rows(x)
-    if x2.size > SMALL_ELEMENTS:
+    if x2.size > K.SMALL_ELEMENTS:
         out = x2 - x2.max(axis=1, keepdims=True)
         _softmax_shifted_inplace(out)
         return out.reshape(np.shape(x))
@@ -83,12 +80,21 @@ def silu(x: np.ndarray) -> np.ndarray:
     return out
 
 
+SILU_CHUNK = 1 << 15  # elements per numpy pass: the temporaries stay in L2 (the stem's is 30 MB)
+
+
 def silu_inplace(x: np.ndarray) -> None:
     """x <- x * sigmoid(x) for a C-contiguous float32 array."""
-    if x.size > SMALL_ELEMENTS:
-        e = np.exp(-x)
-        e += np.float32(1.0)
-        np.divide(x, e, out=x)
+    if x.size > K.SMALL_ELEMENTS:
+        flat = x.reshape(-1)
+        tmp = np.empty(min(SILU_CHUNK, flat.size), np.float32)
+        for start in range(0, flat.size, SILU_CHUNK):
+            part = flat[start:start + SILU_CHUNK]
+            e = tmp[:part.size]
+            np.negative(part, out=e)
+            np.exp(e, out=e)
+            e += np.float32(1.0)
+            np.divide(part, e, out=part)
     else:
         K._silu_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
 
@@ -102,13 +108,22 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 def sigmoid_inplace(x: np.ndarray) -> None:
     """x <- 1 / (1 + exp(-x)) for a float32 array (any strides)."""
-    if x.size > SMALL_ELEMENTS:
+    if x.size > K.SMALL_ELEMENTS:
         np.negative(x, out=x)
         np.exp(x, out=x)
         x += np.float32(1.0)
         np.reciprocal(x, out=x)
     else:
         K._sigmoid_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
+
+
+def sinkhorn(logits: np.ndarray, iters: int = SINKHORN_ITERS) -> np.ndarray:
+    """exp of `iters` rounds of log-domain row then column normalisation of each (n, n) matrix
+    (needle `_sinkhorn`); logits (rows, n, n) -> (rows, n, n) float32."""
+    logits = np.ascontiguousarray(logits, np.float32)
+    out = np.empty_like(logits)
+    K._sinkhorn_rows(logits, iters, out)  # numpy's reductions over axes of 4 lose to this loop
+    return out
 
 
 # ---------------------------------------------------------------- RoPE
@@ -281,6 +296,7 @@ class HadamardMLP:
         self.factors = [(f[f"w{s}a"], f[f"w{s}b"]) for s in (1, 2, 3)]
         self.p1 = np.asarray(p1).astype(np.int64)
         self.p2 = np.asarray(p2).astype(np.int64)
+        self._gathers: dict = {}
 
     @classmethod
     def from_cact(cls, cact, prefix: str, width: int) -> "HadamardMLP":
@@ -296,10 +312,21 @@ class HadamardMLP:
         t = np.matmul(z.reshape(rows * ba, bb), b)  # (rows * ba, bb): Z B
         t = np.ascontiguousarray(t.reshape(rows, ba, bb).transpose(1, 0, 2)).reshape(ba, rows * bb)
         res = np.matmul(a.T, t)  # (ba, rows * bb): A^T (Z B), rows side by side
-        # res[k, r * bb + l] is out[r, k * bb + l]; gather it back row-major, through perm.
-        cols = np.arange(self.n) if perm is None else perm
-        index = (cols // bb) * (rows * bb) + cols % bb
-        return np.take(res.reshape(-1), index[None, :] + (np.arange(rows) * bb)[:, None])
+        return np.take(res.reshape(-1), self._gather(rows, perm))
+
+    def _gather(self, rows: int, perm: np.ndarray | None) -> np.ndarray:
+        """Flat indices that read res[k, r * bb + l] back as out[r, k * bb + l], through perm."""
+        key = (rows, perm is None, 0 if perm is None else id(perm))
+        index = self._gathers.get(key)
+        if index is None:
+            bb = self.bb
+            cols = np.arange(self.n) if perm is None else perm
+            index = (cols // bb) * (rows * bb) + cols % bb
+            index = index[None, :] + (np.arange(rows) * bb)[:, None]
+            if len(self._gathers) > 64:  # row counts vary with clip length; keep the cache small
+                self._gathers.clear()
+            self._gathers[key] = index
+        return index
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = _f32_rows(x)
@@ -380,8 +407,7 @@ class LaneMixer:
         y = np.ascontiguousarray(block(u), dtype=np.float32) - u
         hpost = 2 * sigmoid(self.a_post[layer] * z[:, n:2 * n] + self.b_post[layer] - 4 * (1 - lane))
         logits = (self.a_res[layer] * z[:, 2 * n:]).reshape(rows, n, n) + self.b_res[layer]
-        hres = np.empty_like(logits)
-        K._sinkhorn_rows(np.ascontiguousarray(logits, np.float32), SINKHORN_ITERS, hres)
+        hres = sinkhorn(logits)
         out = np.empty_like(x)
         K._lane_mix(hres, x, np.ascontiguousarray(hpost, np.float32), y, out)
         return out

@@ -196,6 +196,45 @@ def _gather_levels(codes, norms, codebook, rows, group, out):
             out[m, k] = codebook[codes[row, k]] * norms[row, k // group]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _rows_dot_group(xr, buf, base, group, s, out, n):
+    """out[r, n] += s * (buf . xr[r, base:base+group]) for every row, five rows per pass so each
+    level in `buf` is loaded once for five multiply-adds."""
+    rows = xr.shape[0]
+    r = 0
+    while r + 5 <= rows:
+        x0 = xr[r, base:base + group]
+        x1 = xr[r + 1, base:base + group]
+        x2 = xr[r + 2, base:base + group]
+        x3 = xr[r + 3, base:base + group]
+        x4 = xr[r + 4, base:base + group]
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        a4 = np.float32(0.0)
+        for k in range(group):
+            b = buf[k]
+            a0 += b * x0[k]
+            a1 += b * x1[k]
+            a2 += b * x2[k]
+            a3 += b * x3[k]
+            a4 += b * x4[k]
+        out[r, n] += a0 * s
+        out[r + 1, n] += a1 * s
+        out[r + 2, n] += a2 * s
+        out[r + 3, n] += a3 * s
+        out[r + 4, n] += a4 * s
+        r += 5
+    while r < rows:
+        xg = xr[r, base:base + group]
+        a0 = np.float32(0.0)
+        for k in range(group):
+            a0 += buf[k] * xg[k]
+        out[r, n] += a0 * s
+        r += 1
+
+
 @_jit(GEMM_FASTMATH)
 def _levels_rows(xr, levels, gscale, group, out):
     """A few rows times int16 level codes in the rotated domain (decoder beams).
@@ -215,13 +254,7 @@ def _levels_rows(xr, levels, gscale, group, out):
             base = g * group
             for k in range(group):
                 buf[k] = ln[base + k]
-            s = gscale[n, g]
-            for r in range(rows):
-                xg = xr[r]
-                acc = np.float32(0.0)
-                for k in range(group):
-                    acc += buf[k] * xg[base + k]
-                out[r, n] += acc * s
+            _rows_dot_group(xr, buf, base, group, gscale[n, g], out, n)
 
 
 @_jit(GEMM_FASTMATH)
@@ -250,13 +283,7 @@ def _codes2_rows(xr, codes, norms, levels, group, out):
                 v = l2 if c == 2 else v
                 v = l3 if c == 3 else v
                 buf[k] = v
-            s = norms[n, g]
-            for r in range(rows):
-                xg = xr[r]
-                acc = np.float32(0.0)
-                for k in range(group):
-                    acc += buf[k] * xg[base + k]
-                out[r, n] += acc * s
+            _rows_dot_group(xr, buf, base, group, norms[n, g], out, n)
 
 
 # ---------------------------------------------------------------- fused stages of a decoder step
