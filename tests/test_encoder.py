@@ -98,13 +98,11 @@ def test_odd_kernel_width_pads_evenly():
 
 reference = pytest.importorskip("tests.harness.reference", reason="needs the cactus-needle JAX reference")
 
-# The issue's bar is a clip cosine of 0.9999 (and 0.999 per frame). On the full shape that is the
-# noise floor of the perturbed test network itself: int8 roundings flip on ulp-level differences
-# and the flips grow through the stack, so a 1e-7 relative change of the features moves the
-# engine's own output by a clip cosine of ~1e-4 (measured 0.99990). No port that is not bit-exact
-# with XLA's float32 sums can promise 0.9999 there; measured against the file-weight reference
-# over the 11 clips: 0.99990 to 0.99995 (the noise clip 0.999899).
-CLIP_COSINE = {"tiny": 0.9999, "odd": 0.9999, "full": 0.9998}
+# Issue 3 acceptance: clip cosine >= 0.9999, every frame but the last two >= 0.999. Measured on
+# the full shape against the file-weight reference: >= 0.999998 on every clip (0.99999 against the
+# harness's float32-master reference); a 1e-7 relative change of the features moves the engine's
+# own output by ~1e-6, so the margin is not luck of int8 rounding.
+CLIP_COSINE = 0.9999
 FRAME_COSINE = 0.999
 
 PARITY_CLIPS = ["espeak_1s", "espeak_5s", "espeak_12s", "espeak_30s", "flite_1s", "flite_5s", "flite_12s",
@@ -112,13 +110,14 @@ PARITY_CLIPS = ["espeak_1s", "espeak_5s", "espeak_12s", "espeak_30s", "flite_1s"
 
 
 def file_weight_reference(model):
-    """The quantised reference run on the weights as the .cact stores them.
+    """The quantised reference (guide §1, Whistle.encode with quant=True) run on the weights as
+    the .cact stores them, at the clip's own length.
 
-    The harness's qparams keep norms, gates, Hadamard factors and stem kernels in float32; the file
-    (and so every engine) has them in fp16. On the full shape that rounding alone moves the
-    reference's own output by a cosine of ~1e-4 (measured: 0.99989), the size of the tolerance, so
-    the parity oracle rounds those leaves to fp16 the way the file does. CQ leaves are already the
-    file's values.
+    The harness's qparams keep norms, gates, Hadamard factors and stem kernels in float32; the
+    file (and so every engine) has them in fp16. That rounding is a difference of the model, not
+    of the port (on a more sensitive earlier build of the test model it alone moved the
+    reference's output by a clip cosine of 1e-4), so the oracle rounds those leaves to fp16 the
+    way the file does. CQ leaves are already the file's values.
     """
     import jax
     import jax.numpy as jnp
@@ -167,7 +166,7 @@ def test_embed_matches_the_quantised_reference(shaped, clips, clip):
     got = engine.embed(clips[clip])
     assert got.dtype == np.float32
     assert got.shape == want.shape == (reference.encoder_frames(len(clips[clip]), model.cfg), model.cfg.dim)
-    assert cosine(got.ravel(), want.ravel()) >= CLIP_COSINE[model.shape]
+    assert cosine(got.ravel(), want.ravel()) >= CLIP_COSINE
     assert cosine(got[:-2], want[:-2]).min() >= FRAME_COSINE
 
 

@@ -159,8 +159,8 @@ def test_padding_the_decoder_memory_does_not_change_the_logits(tiny_model, refer
     pcm, cfg = _speech()[:30_001], tiny_model.cfg
     enc, frames = reference._encode_padded(tiny_model, pcm)
     tokens = [[cfg.bos, cfg.text, 40, 41, 42]]
-    bucketed = reference._run_logits(tiny_model, enc, frames, tokens)
-    exact = reference._run_logits(tiny_model, jnp.asarray(enc[:, :frames]), frames, tokens)
+    bucketed = reference._run_logits(tiny_model, enc, frames, tokens)[:, :5]
+    exact = reference._run_logits(tiny_model, jnp.asarray(enc[:, :frames]), frames, tokens)[:, :5]
     np.testing.assert_allclose(bucketed, exact, rtol=0, atol=1e-4)
 
 

@@ -106,7 +106,7 @@ def test_sinkhorn_matches_log_domain_twin_and_is_doubly_stochastic():
     np.testing.assert_allclose(got.sum(-2), 1.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 8, 9, 40])
+@pytest.mark.parametrize("rows", [1, 5, 12, 13, 40])
 def test_linear_matches_matmul_on_both_row_paths(rows):
     w, x = rand(70, 96), rand(rows, 96)
     np.testing.assert_allclose(B.Linear(w)(x), x.astype(np.float64) @ w.T.astype(np.float64),
@@ -224,3 +224,10 @@ def test_silu_chunks_cover_arrays_of_any_size():
     for n in (10, 5000, (1 << 15) + 3, 3 * (1 << 15)):
         x = rand(n, scale=4.0)
         np.testing.assert_allclose(B.silu(x), x / (1 + np.exp(-x.astype(np.float64))), rtol=1e-5, atol=1e-6)
+
+
+def test_linear_row_split_over_threads_gives_the_same_product(monkeypatch):
+    w, x = rand(64, 96), rand(301, 96)
+    single = B.Linear(w)(x)
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    np.testing.assert_allclose(B.Linear(w)(x), single, rtol=1e-6, atol=1e-6)

@@ -234,7 +234,9 @@ def main(argv=None) -> None:
     ap.add_argument("--bits", type=int, choices=(2, 4), default=2, help="width of the non-embedding matrices")
     ap.add_argument("--export-every", type=int, default=150)
     ap.add_argument("--test-clips", type=int, default=300)
-    ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape)")
+    ap.add_argument("--score", type=int, default=0, help="score only the first N test clips (0: all)")
+    ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape); with --steps equal to "
+                                     "its step, only scores it")
     args = ap.parse_args(argv)
     t0 = time.time()
 
@@ -348,15 +350,18 @@ def main(argv=None) -> None:
                 break
 
     qparams = quantise(params, cq2, False)
-    edits, words, hyps = greedy_wer(model, qparams, cfg, sp, splits["test"])
+    scored = splits["test"][:args.score or None]
+    edits, words, hyps = greedy_wer(model, qparams, cfg, sp, scored)
     wer = edits / max(words, 1)
     log(f"test WER {wer:.2%} ({edits}/{words} words, {len(hyps)} clips, greedy, CQ{args.bits} weights)")
     with open(os.path.join(args.data, "test_hypotheses.jsonl"), "w") as f:
-        for row, hyp in zip(splits["test"], hyps):
+        for row, hyp in zip(scored, hyps):
             f.write(json.dumps({"voice": row["voice"], "text": row["text"], "hyp": hyp}) + "\n")
     val = validate(params)
+    write_cact(jax.device_get(params), cfg, args.out, blob, cq2)
     write_card(args.out, vocabulary, cfg, f"Step {step}, validation loss {val:.3f}, test WER {wer:.1%} "
                                           f"(greedy, quantised, {len(hyps)} held-out clips and voices).")
+    log(f"validation loss {val:.4f}; wrote {args.out} and its card")
     log(f"done in {(time.time() - t0) / 60:.1f} min")
 
 

@@ -152,6 +152,19 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- matrices
 
 
+_POOL = None
+
+
+def _pool():
+    """The shared worker pool for row-split products (kernels.GEMM_THREADS workers)."""
+    global _POOL
+    if _POOL is None or _POOL._max_workers != K.GEMM_THREADS:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(K.GEMM_THREADS, thread_name_prefix="whistle-gemm")
+    return _POOL
+
+
 class Linear:
     """y = x @ W.T for a stored [out, in] matrix, dequantised once to float32.
 
@@ -180,8 +193,15 @@ class Linear:
         x = _f32_rows(x)
         if out is None:
             out = np.empty((x.shape[0], self.weight.shape[0]), np.float32)
-        if x.shape[0] <= K.SMALL_ROWS:
+        rows = x.shape[0]
+        if rows <= K.SMALL_ROWS:
             K._gemm_rows(x, self.weight, out)
+        elif K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS:
+            bounds = np.linspace(0, rows, K.GEMM_THREADS + 1).astype(int)
+            jobs = [_pool().submit(np.matmul, x[a:b], self.weight.T, out=out[a:b])
+                    for a, b in zip(bounds[:-1], bounds[1:])]
+            for job in jobs:
+                job.result()
         else:
             np.matmul(x, self.weight.T, out=out)
         return out

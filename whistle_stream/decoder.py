@@ -38,7 +38,6 @@ from .decoder_kernels import (
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
 ENGRAM_PRIME = 0x01000193  # FNV prime of the n-gram hash
 ENGRAM_SHIFT = 15  # final xor-shift of the hash
-ALIGNMENT_DEFAULT = "upper"  # guide §8: the active layers in the upper half of the stack
 
 
 def ladder_order(layers: int) -> tuple[int, ...]:
@@ -117,16 +116,16 @@ class _LevelsLinear:
         self.offsets = [0, *np.cumsum(self.sizes)[:-1].tolist()]  # first output column of each
         self.shape = (sum(self.sizes), first.shape[1])
         self.k_pad = first.codes.shape[1]
-        norms = np.concatenate([np.asarray(c.norms, np.float32) for c in cqs])
-        if first.bits == 2:
-            self.codes = np.ascontiguousarray(np.concatenate([c.codes for c in cqs]))
-            self.norms = norms
+        self.two_bit = first.bits == 2
+        if self.two_bit:
+            codes = [c.codes for c in cqs]
+            norms = [np.asarray(c.norms, np.float32) for c in cqs]
             self.levels = np.ascontiguousarray(first.codebook, np.float32)
-            self.wide = None
         else:
-            self.wide = [B.RotatedLinear(c.codes, c.norms, c.codebook, c.group, c.shape) for c in cqs]
-            self.codes = np.ascontiguousarray(np.concatenate([w.levels for w in self.wide]))
-            self.norms = np.concatenate([w.gscale for w in self.wide])
+            wide = [B.RotatedLinear(c.codes, c.norms, c.codebook, c.group, c.shape) for c in cqs]
+            codes, norms = [w.levels for w in wide], [w.gscale for w in wide]
+        self.codes = np.ascontiguousarray(codes[0] if len(codes) == 1 else np.concatenate(codes))
+        self.norms = np.ascontiguousarray(norms[0] if len(norms) == 1 else np.concatenate(norms))
 
     def rotate(self, x: np.ndarray) -> np.ndarray:
         """(rows, in) -> (rows, in_pad): the activation in the rotated domain."""
@@ -138,7 +137,7 @@ class _LevelsLinear:
     def rotated(self, xr: np.ndarray) -> np.ndarray:
         """(rows, in_pad) rotated activation -> (rows, out)."""
         out = np.empty((xr.shape[0], self.shape[0]), np.float32)
-        if self.wide is None:
+        if self.two_bit:
             _codes2_rows(xr, self.codes, self.norms, self.levels, self.group, out)
         else:
             _levels_rows(xr, self.codes, self.norms, self.group, out)
@@ -243,6 +242,7 @@ class Decoder:
     """
 
     def __init__(self, cact, depth: int | None = None):
+        K.set_blas_threads()  # the per-clip memory projections go through BLAS (kernels.BLAS_THREADS)
         d = cact.dims
         self.dims = d
         self.kept = ladder_layers(d.dec_layers, depth)

@@ -140,7 +140,7 @@ class Stem:
             B.silu_inplace(x)
             x = x.reshape(y.shape)
         frames = x.shape[0]
-        flat = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(frames, -1)  # index mel_bands * c + f
+        flat = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(frames, -1)  # channel-major: index c * mel_bands + f
         return self.out(B.fake_quant_int8(flat))
 
 

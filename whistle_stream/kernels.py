@@ -18,9 +18,9 @@ from numba import njit
 # only the order of a float sum. Kernels that must round exactly like the reference
 # (fake-quant, norms) are compiled without it.
 GEMM_FASTMATH = {"reassoc", "contract", "nsz"}
-# Below this many rows the hand-written row kernel beats numpy's BLAS call overhead
-# (MEASURED: [5,512]x[512,2048] 170 us vs 490 us; at 375 rows BLAS wins 66 vs ~40 GFLOP/s).
-SMALL_ROWS = 8
+# Up to this many rows the hand-written row kernel beats numpy's BLAS (one BLAS thread,
+# [1024,512]: 5 rows 129 vs 328 us, 12 rows 315 vs 371 us; at 375 rows BLAS wins ~66 GFLOP/s).
+SMALL_ROWS = 12
 # Above this many elements numpy's SIMD exp beats Numba's scalar libm exp (no SVML here):
 # softmax over (3000, 375) 1.5 ms vs 13.6 ms; below it numpy's per-call overhead dominates.
 SMALL_ELEMENTS = 4096
@@ -29,6 +29,12 @@ INT8_MAX = 127
 # One BLAS thread: on this 2-vCPU class of machine two made an encoder layer slower (MEASURED:
 # 59.7 vs 34.5 ms), and serving threads already run kernels side by side without the GIL.
 BLAS_THREADS = 1
+
+
+# Python threads a large product is split over by rows (numpy releases the GIL inside BLAS).
+# 1 by default: on a shared 2-vCPU host the second core is usually another session's.
+GEMM_THREADS = 1
+GEMM_SPLIT_ROWS = 128  # below this many rows a product is not worth splitting
 
 
 def set_blas_threads(threads: int = BLAS_THREADS) -> bool:

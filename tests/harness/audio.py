@@ -80,6 +80,7 @@ def _cached(name: str, make) -> np.ndarray:
     try:
         with open(tmp, "wb") as handle:
             np.save(handle, pcm)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
