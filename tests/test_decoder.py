@@ -29,7 +29,7 @@ import pytest
 from whistle_stream.container import CactFile
 from whistle_stream.decoder import Decoder, ladder_layers, ladder_order, sinusoids
 from whistle_stream.decoder_kernels import (
-    _attend_memory, _attend_pool, _causal_taps, _gather_levels, _levels_rows,
+    _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _exp_rows, _gather_levels, _levels_rows,
 )
 
 # Stated tolerances, as fractions of the reference logits' standard deviation (module docstring).
@@ -99,7 +99,7 @@ def test_pool_attention_reads_each_beams_own_positions():
 
 def test_memory_attention_and_its_weights():
     rng = np.random.default_rng(3)
-    R, H, F, dq, dv = 4, 3, 11, 6, 5
+    R, H, F, dq, dv = 7, 3, 11, 6, 5  # one block of five rows and two more
     q = rng.standard_normal((R, H, dq)).astype(np.float32)
     k = rng.standard_normal((H, F, dq)).astype(np.float32)
     v = rng.standard_normal((H, F, dv)).astype(np.float32)
@@ -112,24 +112,38 @@ def test_memory_attention_and_its_weights():
     np.testing.assert_allclose(weights, w.transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
 
 
-def test_level_rows_equal_the_dequantised_product():
+def test_rotated_products_equal_the_dequantised_product():
     rng = np.random.default_rng(4)
-    group, n_out, k_pad = 16, 7, 48
+    group, n_out, k_pad, rows = 16, 7, 48, 7  # seven rows: one block of five and two more
     codebook = np.sort(rng.standard_normal(4)).astype(np.float32)
     codes = rng.integers(0, 4, (n_out, k_pad)).astype(np.uint8)
     norms = rng.uniform(0.5, 2, (n_out, k_pad // group)).astype(np.float32)
+    x = rng.standard_normal((rows, k_pad)).astype(np.float32)
+    xg = x.reshape(rows, -1, group).astype(np.float64)
+
+    def product(weights):  # weights (n_out, k_pad) per-group values, times the group norms
+        return np.einsum("rgk,ngk,ng->rn", xg, weights.reshape(n_out, -1, group).astype(np.float64), norms)
+
+    out = np.empty((rows, n_out), np.float32)
+    _codes2_rows(x, codes, norms, codebook, group, out)
+    np.testing.assert_allclose(out, product(codebook[codes]), rtol=1e-5, atol=1e-5)
     levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
-    x = rng.standard_normal((5, k_pad)).astype(np.float32)
-    out = np.empty((5, n_out), np.float32)
     _levels_rows(x, levels, norms, group, out)
-    want = np.einsum("rgk,ngk,ng->rn", x.reshape(5, -1, group).astype(np.float64),
-                     levels.reshape(n_out, -1, group).astype(np.float64), norms)
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-2)
+    np.testing.assert_allclose(out, product(levels), rtol=1e-5, atol=1e-2)
     # gather: codebook level times the row's group norm
-    rows = np.array([6, 0, 6], np.int64)
+    picked = np.array([6, 0, 6], np.int64)
     got = np.empty((3, k_pad), np.float32)
-    _gather_levels(codes, norms, codebook, rows, group, got)
-    np.testing.assert_array_equal(got, codebook[codes[rows]] * np.repeat(norms[rows], group, axis=1))
+    _gather_levels(codes, norms, codebook, picked, group, got)
+    np.testing.assert_array_equal(got, codebook[codes[picked]] * np.repeat(norms[picked], group, axis=1))
+
+
+def test_vectorised_exp_is_within_two_ulps():
+    x = np.concatenate([np.linspace(-87, 88, 100001), [-100.0, -87.5]]).astype(np.float32)[None]
+    out = np.empty_like(x)
+    _exp_rows(x, out)
+    want = np.exp(x.astype(np.float64))
+    np.testing.assert_allclose(out[:, :-2], want[:, :-2], rtol=2.5e-7)
+    assert (out[0, -2:] == 0).all()
 
 
 # ---------------------------------------------------------------- pure rules

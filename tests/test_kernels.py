@@ -124,15 +124,16 @@ def test_fwht_rows_is_the_normalised_walsh_hadamard_per_group_with_zero_padding(
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("rows", [1, 5, 30])
 def test_rotated_linear_matches_the_dequantised_matrix(bits, rows):
+    rng = np.random.default_rng([bits, rows])
     out_dim, in_dim, group = 48, 200, 128
     in_pad = 256
     levels = 1 << bits
-    codebook = np.sort(RNG.standard_normal(levels)).astype(np.float32) / np.sqrt(group)
-    codes = RNG.integers(0, levels, (out_dim, in_pad)).astype(np.uint8)
-    norms = RNG.uniform(0.5, 2.0, (out_dim, in_pad // group)).astype(np.float16)
+    codebook = np.sort(rng.standard_normal(levels)).astype(np.float32) / np.sqrt(group)
+    codes = rng.integers(0, levels, (out_dim, in_pad)).astype(np.uint8)
+    norms = rng.uniform(0.5, 2.0, (out_dim, in_pad // group)).astype(np.float16)
     rot = codebook[codes].reshape(out_dim, 2, group) * norms.astype(np.float32)[:, :, None]
     dense = (rot @ walsh_hadamard(group)).reshape(out_dim, in_pad)[:, :in_dim]
-    x = rand(rows, in_dim)
+    x = rng.standard_normal((rows, in_dim)).astype(np.float32)
     want = x.astype(np.float64) @ dense.T.astype(np.float64)
     got = B.RotatedLinear(codes, norms, codebook, group, (out_dim, in_dim))(x)
     assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()

@@ -146,7 +146,8 @@ def _attend_memory(q, k_mem, v_mem, q_scale, logit_scale, weights, out):
 
     q (R, H, dq) fake-quantised; k_mem (H, dq, F) and v_mem (H, dv, F), frames last so both
     products run along contiguous frames; weights (R, H, F) receives the softmax weights (word
-    timestamps read them); out (R, H, dv).
+    timestamps read them); out (R, H, dv). The value product takes the rows five at a time, so
+    each value row is read once per five dot products.
     """
     n_rows, heads, dq = q.shape
     frames = k_mem.shape[2]
@@ -175,12 +176,40 @@ def _attend_memory(q, k_mem, v_mem, q_scale, logit_scale, weights, out):
                 total += w[f]
             for f in range(frames):
                 w[f] = w[f] / total
+    for h in range(heads):
+        r = 0
+        while r + 5 <= n_rows:
+            w0, w1, w2 = weights[r, h], weights[r + 1, h], weights[r + 2, h]
+            w3, w4 = weights[r + 3, h], weights[r + 4, h]
             for d in range(dv):
                 vd = v_mem[h, d]
-                acc = np.float32(0.0)
+                a0 = np.float32(0.0)
+                a1 = np.float32(0.0)
+                a2 = np.float32(0.0)
+                a3 = np.float32(0.0)
+                a4 = np.float32(0.0)
                 for f in range(frames):
-                    acc += w[f] * vd[f]
-                out[r, h, d] = acc
+                    v = vd[f]
+                    a0 += w0[f] * v
+                    a1 += w1[f] * v
+                    a2 += w2[f] * v
+                    a3 += w3[f] * v
+                    a4 += w4[f] * v
+                out[r, h, d] = a0
+                out[r + 1, h, d] = a1
+                out[r + 2, h, d] = a2
+                out[r + 3, h, d] = a3
+                out[r + 4, h, d] = a4
+            r += 5
+        while r < n_rows:
+            w0 = weights[r, h]
+            for d in range(dv):
+                vd = v_mem[h, d]
+                a0 = np.float32(0.0)
+                for f in range(frames):
+                    a0 += w0[f] * vd[f]
+                out[r, h, d] = a0
+            r += 1
 
 
 @_jit()
