@@ -557,17 +557,18 @@ def _check_tokens(model: RefModel, tokens) -> np.ndarray:
     return tokens.astype(np.int32)
 
 
-def _token_bucket(n: int, cap: int) -> int:
-    return min(cap, -(-n // 64) * 64)
-
-
 def _run_logits(model: RefModel, enc, frames: int, rows: list[list[int]]) -> np.ndarray:
-    """Logits (len(rows), width, vocab) of the quantised decoder over each row.
+    """Logits (len(rows), max_tokens, vocab) of the quantised decoder over each row.
 
-    Rows are padded with pad ids to a bucket of 64 positions and the batch to 5 rows (the decoder
-    is causal, so padding changes no earlier position): one compile per bucket and clip length."""
+    Every call runs the same shape: rows padded with pad ids to max_tokens positions, the batch to
+    5 rows. The decoder is causal and each row's positions are computed independently, so a
+    position's logits are bit-identical whatever follows it or shares its batch; one fixed shape
+    keeps ref_logits, ref_greedy and ref_beam exactly consistent (changing the width moves
+    logits by int8 rounding flips) and costs one compile per clip-length bucket."""
     _deploy()
-    width = _token_bucket(max(len(r) for r in rows), model.cfg.max_tokens)
+    width = model.cfg.max_tokens
+    if max(len(r) for r in rows) > width:
+        raise ValueError(f"a decoder row holds at most max_tokens={width} tokens")
     batch = max(len(rows), BEAMS)
     tokens = np.full((batch, width), model.cfg.pad, np.int32)
     for i, row in enumerate(rows):
@@ -623,20 +624,36 @@ def ref_greedy(model: RefModel, pcm, language: str | None = None, max_new: int |
 
     Returns (language code, generated text ids without the final </s>). Stops at </s>, when the
     sequence (prompt included) reaches max_tokens - 1 tokens (the cap `ref_beam` uses), or after
-    `max_new` generated tokens when given."""
+    `max_new` generated tokens when given.
+
+    Exact greedy, computed by Jacobi iteration: each pass feeds the accepted ids plus a draft of
+    the rest (the previous pass's predictions) and accepts predictions while the draft agrees, so
+    a looping transcript takes a few passes instead of one per token. Causality makes every
+    accepted id the argmax given exactly the ids before it."""
     cfg = model.cfg
     if language is not None:
         model.language_id(language)
     enc, frames = _encode_padded(model, pcm)
     language, seq = _prompt(model, enc, frames, language)
+    limit = cfg.max_tokens - 1 - len(seq)
+    if max_new is not None:
+        limit = min(limit, max_new)
     generated: list[int] = []
-    while len(seq) < cfg.max_tokens - 1 and (max_new is None or len(generated) < max_new):
-        logits = _batch_logits(model, enc, frames, [seq], [len(seq) - 1])[0]
-        token = int(np.argmax(logits[:cfg.text]))
-        if token == cfg.eos:
-            break
-        seq.append(token)
-        generated.append(token)
+    draft: list[int] = []
+    while len(generated) < limit:
+        room = limit - len(generated)
+        filler = generated[-1] if generated else cfg.eos
+        draft = (draft + [filler] * room)[:room - 1]    # the last prediction needs no draft
+        logits = _run_logits(model, enc, frames, [seq + generated + draft])[0]
+        start = len(seq) + len(generated) - 1
+        predictions = np.argmax(logits[start:start + len(draft) + 1, :cfg.text], -1).tolist()
+        for j, token in enumerate(predictions):
+            if token == cfg.eos:
+                return language, generated
+            generated.append(token)
+            if j >= len(draft) or draft[j] != token:
+                break
+        draft = predictions[j + 1:]
     return language, generated
 
 
