@@ -217,13 +217,23 @@ def test_margins_are_the_top_two_gap_of_the_choices(tiny_model, reference):
 
 def test_greedy_choices_are_the_argmax_of_teacher_forced_logits(tiny_model, reference):
     cfg, pcm = tiny_model.cfg, _speech()
-    language, ids = reference.ref_greedy(tiny_model, pcm, max_new=40)
+    language, ids = reference.ref_greedy(tiny_model, pcm)          # to </s> or the cap
     tokens = [cfg.bos, tiny_model.language_id(language), *ids]
+    assert len(tokens) <= cfg.max_tokens - 1
     logits = reference.ref_logits(tiny_model, pcm, tokens)
     assert cfg.languages[int(np.argmax(logits[0, cfg.text:]))] == language
-    for position, token in enumerate(ids, start=1):
-        assert int(np.argmax(logits[position, :cfg.text])) == token
+    choices = np.argmax(logits[1:, :cfg.text], -1)
+    assert choices[:-1].tolist() == ids
+    if len(tokens) < cfg.max_tokens - 1:
+        assert choices[-1] == cfg.eos                       # stopped by </s>, not the cap
     assert all(0 <= t < cfg.text and t != cfg.eos for t in ids)
+
+
+def test_greedy_max_new_is_a_prefix_of_the_full_transcript(tiny_model, reference):
+    pcm = _speech()
+    full = reference.ref_greedy(tiny_model, pcm)
+    short = reference.ref_greedy(tiny_model, pcm, max_new=7)
+    assert short[0] == full[0] and short[1] == full[1][:7]
 
 
 def test_greedy_honours_a_forced_language(tiny_model, reference):

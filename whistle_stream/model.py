@@ -141,8 +141,9 @@ class Whistle:
             # predict each transcript token (guide §8, as whisper's timing does).
             weights = weights[:, len(prompt) - 1:len(prompt) - 1 + len(result.tokens)]
             probs = np.exp(np.asarray(result.token_logprobs, np.float64))
-            out["words"] = word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds,
-                                      0.0)
+            duration = len(pcm) / d.rate  # the last encoder frame may reach past the audio
+            out["words"] = [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
+                            for w in word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds, 0.0)]
         return out
 
     def decode(self, audio, language: str | None = None, keywords=None, beams: int = 5) -> dict:
