@@ -203,3 +203,21 @@ def test_median_commit_latency_is_at_most_two_seconds_of_audio(demo):
         latency += [d["received"] - w["end"] for w in d["words"]]
     assert latency
     assert float(np.median(latency)) <= 2.0, np.percentile(latency, [50, 95])
+
+
+# ---- long audio (issue 5) ---------------------------------------------------------------------
+
+def test_a_95_second_clip_is_the_concatenation_of_its_utterances(demo):
+    audio, utts = _stream_of(30, seed=8)
+    audio = audio[: 95 * RATE]
+    utts = [u for u in utts if u[1] <= 95.0]
+    assert len(audio) == 95 * RATE
+    out = demo.transcribe(audio, word_timestamps=True)
+    one_shot = " ".join(demo.transcribe(u[3])["text"] for u in utts)
+    long_words, ref_words = normalise(out["text"]), normalise(one_shot)
+    s, d, i = edit_ops(ref_words, long_words)
+    print(f"95 s clip vs per-utterance transcripts: {s} substitutions, {d} deletions, {i} insertions "
+          f"over {len(ref_words)} words")
+    assert d + i <= max(1, 0.01 * len(ref_words))
+    starts = [w["start"] for w in out["words"]]
+    assert starts == sorted(starts) and out["words"][-1]["end"] <= 95.0
