@@ -221,3 +221,20 @@ def test_a_95_second_clip_is_the_concatenation_of_its_utterances(demo):
     assert d + i <= max(1, 0.01 * len(ref_words))
     starts = [w["start"] for w in out["words"]]
     assert starts == sorted(starts) and out["words"][-1]["end"] <= 95.0
+
+
+def test_a_60_minute_stream_keeps_pass_time_and_memory_flat(demo):
+    """Issue 7: pass time p95 of the last 10 minutes is not above the first 10 minutes' (with a
+    margin for a shared machine), and RSS stays within 20 MB after the first minute."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from streaming import long_stream, run_stream
+
+    audio = long_stream(60.0)
+    _, _, passes, rss = run_stream(demo, audio, rss_every=60)
+    first, last = np.array(passes[:600]), np.array(passes[-600:])
+    p95_first, p95_last = np.percentile(first, 95), np.percentile(last, 95)
+    print(f"60 min: pass p95 first 10 min {p95_first * 1000:.1f} ms, last 10 min {p95_last * 1000:.1f} ms; "
+          f"RSS {min(rss):.0f}..{max(rss):.0f} MB")
+    assert len(passes) >= 3500
+    assert p95_last <= 1.5 * p95_first + 0.01
+    assert max(rss[1:]) - rss[1] <= 20.0
