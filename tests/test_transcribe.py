@@ -177,3 +177,13 @@ def _timed(fn) -> float:
 def test_empty_and_sub_frame_audio_embed_to_empty_arrays(tiny):
     assert tiny.embed(np.zeros(0, np.float32)).shape == (0, tiny.dims.width)
     assert tiny.embed(np.zeros(100, np.float32)).shape == (0, tiny.dims.width)
+
+
+def test_threads_sharing_one_model_get_the_same_results_as_one_at_a_time(tiny, clips):
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = ["espeak_1s", "espeak_5s", "flite_5s", "quiet"] * 2
+    alone = [tiny.decode(clips[n]) for n in names]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda n: tiny.decode(clips[n]), names))
+    assert together == alone
