@@ -83,7 +83,9 @@ class CQMatrix:
         groups = self.codes.shape[1] // self.group
         rot = self.codebook[self.codes].reshape(out, groups, self.group)
         rot *= self.norms.astype(np.float32)[:, :, None]
-        w = rot.reshape(out * groups, self.group) @ walsh_hadamard(self.group)
+        # A stack of (groups, group) products, as export._cq_unpack computes it, so the float32
+        # sums run in the same order and the result is bit-identical.
+        w = rot @ walsh_hadamard(self.group)
         return np.ascontiguousarray(w.reshape(out, groups * self.group)[:, :in_dim])
 
 
