@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soxr
 
-from clients.client import ListenClient
+from clients.client import ListenClient, to_pcm
 from service import protocol as P
 from service.config import ServiceConfig
 from service.server import build_app
@@ -51,6 +51,8 @@ def speech(tmp_path_factory):
 def engine_messages(model, audio: np.ndarray) -> list:
     """What protocol.Session makes of the engine's own stream over the same audio, fed as the server
     feeds it (whole 1 s steps, then the tail, then finish)."""
+    # The clients send pcm_s16le: the engine must see the same int16-rounded samples the server decodes.
+    audio = P.decode_audio(to_pcm(audio), "pcm_s16le")
     session = P.Session("ref", P.SessionConfig(vad=False), model.name, model.dims.languages)
     session.ready()
     stream = model.open_stream(step_s=1.0)
