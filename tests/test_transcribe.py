@@ -93,20 +93,6 @@ def test_incremental_beam_search_equals_the_independent_search_over_teacher_forc
     assert (got["language"], got["tokens"]) == (language, ids)
 
 
-def test_beam_ids_equal_the_reference_beam_search_on_most_clips(tiny, tiny_model, odd, odd_model, reference, clips):
-    """Guide §1: the engine's decode loop reproduced needle_transcribe exactly on 31 of 35 clips,
-    the rest parting at near ties. These random models are far more tie-prone than the shipped one
-    (transcripts of up to 317 looping tokens); we measured 6 of 8 and hold the engine to 3 in 4."""
-    cases = [(tiny, tiny_model, c) for c in SPEECH] + [(odd, odd_model, c) for c in ("espeak_5s", "flite_1s")]
-    same = 0
-    for engine, ref_model, clip in cases:
-        language, ids = reference.ref_beam(ref_model, clips[clip])
-        got = engine.decode(clips[clip], beams=5)
-        same += (got["language"], got["tokens"]) == (language, ids)
-    print(f"5-beam transcripts identical to the reference on {same} of {len(cases)} clips")
-    assert same >= 3 * len(cases) // 4
-
-
 @pytest.mark.parametrize("language", ["en", "de"])
 def test_a_forced_language_is_fed_as_the_tag(tiny, tiny_model, reference, clips, language):
     ref_language, ids = reference.ref_greedy(tiny_model, clips["espeak_5s"], language=language)
