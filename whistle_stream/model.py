@@ -19,7 +19,7 @@ from .container import CactFile
 from .decoder import Decoder
 from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
-from .longform import cut_point
+from .longform import transcribe_long
 from .models import resolve_model
 from .search import beam_search
 from .tokenizer import Tokenizer
@@ -164,7 +164,6 @@ class Whistle:
         probability}] in seconds from the clip start when word_timestamps). Audio the silence gate
         (§8) stops returns empty text and language without decoding.
         """
-        t0 = time.perf_counter()
         language = self.check_language(language)
         beams = _check_beams(beams)
         biaser = self._biaser(keywords)
@@ -177,41 +176,29 @@ class Whistle:
             r = self._decode(pcm, language, biaser, beams, word_timestamps)
             return _result(r["text"], r["language"], r["ttft"], r["decode_s"], len(r["tokens"]),
                            r["words"] if word_timestamps else None)
-        return self._transcribe_long(pcm, language, biaser, beams, word_timestamps, t0)
+        return self._transcribe_long(pcm, language, biaser, beams, word_timestamps)
 
-    def _transcribe_long(self, pcm, language, biaser, beams, word_timestamps, t0) -> dict:
+    def _transcribe_long(self, pcm, language, biaser, beams, word_timestamps) -> dict:
         """Guide §8: 30 s windows, each cut at its last sentence end / word end; next starts there."""
         d = self.dims
-        window = int(WINDOW_S * d.rate)
-        start, words, texts, tokens = 0, [], [], 0
-        ttft, decode_s = None, 0.0
-        while start < len(pcm):
-            chunk = pcm[start:start + window]
-            offset = start / d.rate
-            last = start + len(chunk) >= len(pcm)
+        stats = {"language": language, "ttft": None, "decode_s": 0.0, "tokens": 0}
+
+        def window(start_s: float, length_s: float) -> list[dict]:
+            start = int(round(start_s * d.rate))
+            chunk = pcm[start:start + int(round(length_s * d.rate))]
             if not self.is_speech(chunk):
-                start += len(chunk)
-                continue
-            r = self._decode(chunk, language, biaser, beams, True)
-            language = language or r["language"]
-            ttft = r["ttft"] if ttft is None else ttft
-            decode_s += r["decode_s"]
-            tokens += len(r["tokens"])
-            chunk_words = r["words"]
-            if last:
-                cut_s = len(chunk) / d.rate
-            else:
-                cut_s = cut_point(chunk_words, len(chunk) / d.rate)
-            kept = chunk_words if last else [w for w in chunk_words if w["end"] <= cut_s + 1e-6]
-            if not last and not kept:
-                cut_s = len(chunk) / d.rate  # nothing ends before the cut: keep the window whole
-                kept = chunk_words
-            for w in kept:
-                words.append({**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)})
-            texts.extend(w["word"] for w in kept)
-            start += max(int(round(cut_s * d.rate)), d.samples_per_frame)
-        return _result(" ".join(texts), language or "", ttft or 0.0, decode_s, tokens,
-                       words if word_timestamps else None)
+                return []
+            r = self._decode(chunk, stats["language"], biaser, beams, True)
+            stats["language"] = stats["language"] or r["language"]  # detected once, then held
+            stats["ttft"] = r["ttft"] if stats["ttft"] is None else stats["ttft"]
+            stats["decode_s"] += r["decode_s"]
+            stats["tokens"] += len(r["tokens"])
+            return r["words"]
+
+        words = [{**w, "start": round(w["start"], 3), "end": round(w["end"], 3)}
+                 for w in transcribe_long(len(pcm) / d.rate, window, WINDOW_S)]
+        return _result(" ".join(w["word"] for w in words), stats["language"] or "", stats["ttft"] or 0.0,
+                       stats["decode_s"], stats["tokens"], words if word_timestamps else None)
 
     def transcribe_words(self, audio, language: str | None = None, keywords=None, beams: int | None = None) -> dict:
         """One streaming pass (<= 30 s): {"speech", "language", "text", "words"} with word times."""
