@@ -402,6 +402,7 @@ class CactFile:
         from .tokenizer import Tokenizer
 
         tok = Tokenizer.from_blob(self.tokenizer_blob)
+        self.tokenizer = tok  # parsed once here; the engine reuses it
         languages = tuple(tok.languages)
         if tok.vocab_size != h["vocab"]:
             self._fail(f"tokenizer has {tok.vocab_size} pieces, the header's vocabulary is {h['vocab']}")

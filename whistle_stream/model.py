@@ -22,7 +22,6 @@ from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long
 from .models import resolve_model
 from .search import beam_search
-from .tokenizer import Tokenizer
 
 WINDOW_S = 30.0  # guide §8: up to 30 s is one pass; longer audio runs as 30 s windows
 
@@ -41,7 +40,7 @@ class Whistle:
         self.kind = resolved.kind
         self.cact = CactFile(self.path)
         self.dims = self.cact.dims
-        self.tokenizer = Tokenizer.from_blob(self.cact.tokenizer_blob)
+        self.tokenizer = self.cact.tokenizer
         self.mel = np.ascontiguousarray(self.cact.mel)
         self.encoder = Encoder(self.cact)
         self.decoder = Decoder(self.cact, depth=audio_depth)

@@ -10,7 +10,6 @@ does not grow with the length of the stream, and the buffer never exceeds `MAX_B
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
@@ -26,12 +25,6 @@ MAX_BUFFER_S = 30.0  # guide §8: one pass covers at most 30 s
 # encoder frame (80 ms), and a little left context keeps the first pending word's onset intact.
 TRIM_MARGIN_S = 0.24
 STABLE_PASSES_TO_FINALIZE = 2  # issue 7: silence finalizes a tail stable for two passes
-
-
-@dataclass
-class _Pass:
-    committed: list[Word]
-    pending: list[Word]
 
 
 class StreamSession:
@@ -174,11 +167,11 @@ class StreamSession:
         """Drop audio before the committed words; force a commit if the buffer would pass 30 s."""
         limit = int(MAX_BUFFER_S * self.rate)
         if end - self._buffer_start + self.step > limit and self._pending:
+            origin = self._buffer_start / self.rate
             window = (end - self._buffer_start) / self.rate
-            rel = [Word(w.word, w.start - self._buffer_start / self.rate, w.end - self._buffer_start / self.rate,
-                        w.probability) for w in self._pending]
-            cut = cut_point([{"word": w.word, "start": w.start, "end": w.end} for w in rel], window)
-            through = self._buffer_start / self.rate + cut
+            cut = cut_point([{"word": w.word, "start": w.start - origin, "end": w.end - origin}
+                             for w in self._pending], window)
+            through = origin + cut
             self._commit(self.policy.commit_through(through), out)
         horizon = self.policy.committed_until_s
         trim_s = horizon - TRIM_MARGIN_S if self._pending else horizon
