@@ -26,6 +26,7 @@ import math
 import numpy as np
 import pytest
 
+from whistle_stream import kernels as K
 from whistle_stream.container import CactFile
 from whistle_stream.decoder import Decoder, ladder_layers, ladder_order, sinusoids
 from whistle_stream.decoder_kernels import (
@@ -144,6 +145,10 @@ def test_vectorised_exp_is_within_two_ulps():
     want = np.exp(x.astype(np.float64))
     np.testing.assert_allclose(out[:, :-2], want[:, :-2], rtol=2.5e-7)
     assert (out[0, -2:] == 0).all()
+    big = np.array([[89.0, 100.0, 5.0, -90.0]], np.float32)
+    _exp_rows(big, big)  # in place: the range checks must not read the results back
+    assert np.isinf(big[0, :2]).all() and big[0, 3] == 0
+    np.testing.assert_allclose(big[0, 2], np.exp(5.0), rtol=2.5e-7)
 
 
 # ---------------------------------------------------------------- pure rules
@@ -357,3 +362,24 @@ def test_bad_input_is_refused_with_what_is_accepted(odd_model, odd_decoder):
         dec.feed(state, np.full(d.max_tokens, 5))
     with pytest.raises(ValueError, match="not among the kept"):
         dec.cross_attention_weights(enc, [d.bos], layers=[7])
+
+
+def test_steps_split_over_threads_give_the_same_logits(odd_model, odd_decoder, monkeypatch):
+    """kernels.GEMM_THREADS > 1 splits each large rotated product by output columns: the same
+    kernel per column, so the logits are bit-identical."""
+    dec = odd_decoder
+    _, enc, text = _parity_case(odd_model, seed=8)
+    d = dec.dims
+    tokens = [d.bos, d.first_tag, *text[:6]]
+
+    def run():
+        state = dec.start(enc, beams=3)
+        dec.feed(state, tokens[:2])
+        return [dec.step(state, np.array([0, 0, 0]) if i == 0 else np.array([2, 0, 1]),
+                         np.array([t, t + 1, t + 2])) for i, t in enumerate(tokens[2:])]
+
+    single = run()
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    monkeypatch.setattr(K, "SPLIT_WEIGHTS", 1)  # split even the odd model's small matrices
+    for a, b in zip(single, run()):
+        np.testing.assert_array_equal(a, b)

@@ -106,6 +106,16 @@ def test_sinkhorn_matches_log_domain_twin_and_is_doubly_stochastic():
     np.testing.assert_allclose(got.sum(-2), 1.0, atol=1e-5)
 
 
+def test_sinkhorn_with_an_underflowing_column_takes_the_log_domain_path():
+    # Column 3 is ~e^-200 below every row's max: exp-domain normalisation would divide by zero.
+    logits = rand(3, 4, 4, scale=1.0)
+    logits[:, :, 3] -= 200.0
+    got = np.empty_like(logits)
+    K._sinkhorn_rows(logits, 20, got)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, twin_sinkhorn(logits), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [1, 5, 12, 13, 40])
 def test_linear_matches_matmul_on_both_row_paths(rows):
     w, x = rand(70, 96), rand(rows, 96)
@@ -221,10 +231,17 @@ def test_sinkhorn_wrapper_matches_twin_for_many_rows():
     np.testing.assert_allclose(B.sinkhorn(logits), twin_sinkhorn(logits), rtol=1e-5, atol=1e-6)
 
 
-def test_silu_chunks_cover_arrays_of_any_size():
-    for n in (10, 5000, (1 << 15) + 3, 3 * (1 << 15)):
+def test_silu_and_sigmoid_chunks_cover_arrays_of_any_size_and_extremes():
+    for n in (10, 5000, K.EXP_CHUNK + 3, 3 * K.EXP_CHUNK):
         x = rand(n, scale=4.0)
-        np.testing.assert_allclose(B.silu(x), x / (1 + np.exp(-x.astype(np.float64))), rtol=1e-5, atol=1e-6)
+        x[:4] = [-100.0, -89.0, 89.0, 100.0]  # past the exp clamps: 0 and inf inside
+        x64 = x.astype(np.float64)
+        np.testing.assert_allclose(B.silu(x), x64 / (1 + np.exp(-x64)), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(B.sigmoid(x), 1 / (1 + np.exp(-x64)), rtol=1e-6, atol=1e-7)
+        strided = np.asfortranarray(rand(7, n // 7 + 1, scale=4.0))  # the strided fallback
+        want = strided.astype(np.float64) / (1 + np.exp(-strided.astype(np.float64)))
+        B.silu_inplace(strided)
+        np.testing.assert_allclose(strided, want, rtol=1e-6, atol=1e-7)
 
 
 def test_linear_row_split_over_threads_gives_the_same_product(monkeypatch):
@@ -232,3 +249,34 @@ def test_linear_row_split_over_threads_gives_the_same_product(monkeypatch):
     single = B.Linear(w)(x)
     monkeypatch.setattr(K, "GEMM_THREADS", 2)
     np.testing.assert_allclose(B.Linear(w)(x), single, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attend_split_over_threads_gives_the_same_result(monkeypatch, causal):
+    tq = 301
+    q, k, v = rand(tq, 4, 8), rand(tq, 2, 8), rand(tq, 2, 6)
+    valid = np.ones(tq, bool)
+    valid[-20:] = False
+    single = B.attend(q, k, v, valid, causal=causal)
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    np.testing.assert_allclose(B.attend(q, k, v, valid, causal=causal), single, rtol=1e-5, atol=1e-6)
+
+
+def test_set_threads_validates_and_sets_the_split(monkeypatch):
+    monkeypatch.setattr(K, "GEMM_THREADS", 1)
+    K.set_threads(2)
+    assert K.GEMM_THREADS == 2
+    for bad in (0, 65, 1.5, "2", True):
+        with pytest.raises(ValueError, match="threads must be an integer from 1 to 64"):
+            K.set_threads(bad)
+    assert K.GEMM_THREADS == 2
+
+
+def test_whistle_threads_environment_variable(monkeypatch):
+    monkeypatch.setattr(K, "GEMM_THREADS", 1)
+    monkeypatch.setenv("WHISTLE_THREADS", "2")
+    K._threads_from_env()
+    assert K.GEMM_THREADS == 2
+    monkeypatch.setenv("WHISTLE_THREADS", "many")
+    with pytest.raises(ValueError, match="WHISTLE_THREADS must be an integer from 1 to 64, got 'many'"):
+        K._threads_from_env()

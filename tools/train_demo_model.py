@@ -254,6 +254,8 @@ def main(argv=None) -> None:
     ap.add_argument("--export-every", type=int, default=150)
     ap.add_argument("--test-clips", type=int, default=300)
     ap.add_argument("--score", type=int, default=0, help="score only the first N test clips (0: all)")
+    ap.add_argument("--ctc", type=float, default=0.3,
+                    help="weight of an auxiliary CTC loss on the encoder output (training only; 0: off)")
     ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape); with --steps equal to "
                                      "its step, only scores it")
     args = ap.parse_args(argv)
@@ -297,26 +299,61 @@ def main(argv=None) -> None:
     wav0, len0, tok0 = arrays(splits["train"][:2], ids["train"][:2])
     params = model.init(jax.random.PRNGKey(args.seed), wav0, len0, tok0[:, :-1])["params"]
     params = jax.tree.map(jnp.asarray, audible_stem(jax.device_get(params), args.seed))
-    start_step = 0
+    start_step, head = 0, None
     if args.resume:
         saved = np.load(args.resume, allow_pickle=False)
         params = serialization.from_bytes(params, saved["params"].tobytes())
+        head = jnp.asarray(saved["head"]) if "head" in saved else None
         start_step = int(saved["step"])
     count = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
     log(f"model dim {cfg.dim} heads {cfg.heads} enc {cfg.enc_layers} dec {cfg.dec_layers} "
         f"sites {cfg.sites} slots {cfg.slots} stem {cfg.stem}: {count / 1e6:.2f} M params; "
-        f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8")
+        f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8; CTC weight {args.ctc}")
 
-    def loss_fn(p, wav, lengths, tokens):
-        logits = model.apply({"params": quantise(p, cq2, True)}, wav, lengths, tokens[:, :-1], quant=True)
+    def attention_loss(p, enc, frames, tokens):
+        logits = model.apply({"params": p}, tokens[:, :-1], enc, frames, True, method=Whistle.logits)
         targets = tokens[:, 1:]
         mask = targets != cfg.pad
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
         return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
+    def encode(p, wav, lengths):
+        return model.apply({"params": p}, wav, lengths, True, method=Whistle.encode)
+
+    def ce_loss(p, wav, lengths, tokens):
+        """The decoder's cross entropy (what validation reports): p are the model's params alone."""
+        q = quantise(p, cq2, True)
+        enc, frames = encode(q, wav, lengths)
+        return attention_loss(q, enc, frames, tokens)
+
+    def loss_fn(pair, wav, lengths, tokens):
+        """Cross entropy + args.ctc x CTC of a linear head on the encoder output over the text pieces.
+
+        The CTC head (blank = the pad id 0, never a target) is a training aid only, as in joint
+        CTC-attention ASR: it makes the encoder align with the transcript from the first steps
+        instead of waiting for cross-attention to find the audio. It is not exported.
+        """
+        p, head = pair
+        q = quantise(p, cq2, True)
+        enc, frames = encode(q, wav, lengths)
+        loss = attention_loss(q, enc, frames, tokens)
+        if args.ctc > 0:
+            text = tokens[:, 2:]  # after <s> and the language tag; </s> and pad dropped below
+            text = jnp.where(text == cfg.eos, cfg.pad, text)
+            ctc = optax.ctc_loss(enc.astype(jnp.float32) @ head,
+                                 (jnp.arange(enc.shape[1]) >= frames[:, None]).astype(jnp.float32),
+                                 text, (text == cfg.pad).astype(jnp.float32), blank_id=cfg.pad)
+            n = jnp.maximum((text != cfg.pad).sum(), 1.0)
+            loss = loss + args.ctc * ctc.sum() / n
+        return loss
+
     warmup = max(1, args.steps // 20)
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, end_value=args.lr * 0.02)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    if head is None:  # the CTC head's (dim, text pieces) matrix
+        head = jnp.asarray(np.random.default_rng(args.seed + 1).normal(
+            0.0, cfg.dim ** -0.5, (cfg.dim, cfg.text)).astype(np.float32))
+    params = (params, head)
     opt_state = optimizer.init(params)
     if args.resume:
         opt_state = serialization.from_bytes(opt_state, saved["opt"].tobytes())
@@ -327,7 +364,7 @@ def main(argv=None) -> None:
         updates, state = optimizer.update(grads, state, p)
         return optax.apply_updates(p, updates), state, loss
 
-    eval_loss = jax.jit(loss_fn)
+    eval_loss = jax.jit(ce_loss)
 
     width = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
     val_samples = bucket(max(len(r["pcm"]) for r in splits["validation"]))
@@ -339,17 +376,17 @@ def main(argv=None) -> None:
             wav, lengths, tokens = arrays(rows[i:i + 20], t[i:i + 20], val_samples, width)
             if shuffle:  # each transcript paired with another clip's audio: what the model gets from sound
                 wav, lengths = np.roll(wav, 1, 0), np.roll(lengths, 1, 0)
-            losses.append(float(eval_loss(p, wav, lengths, tokens)))
+            losses.append(float(eval_loss(p[0], wav, lengths, tokens)))
         return float(np.mean(losses))
 
     vocabulary = sorted(demo_data.grammar_vocabulary())
     ckpt = os.path.join(args.data, "checkpoint.npz")
 
     def checkpoint(p, state, step, note):
-        np.savez(ckpt + ".tmp.npz", params=np.frombuffer(serialization.to_bytes(p), np.uint8),
-                 opt=np.frombuffer(serialization.to_bytes(state), np.uint8), step=step)
+        np.savez(ckpt + ".tmp.npz", params=np.frombuffer(serialization.to_bytes(p[0]), np.uint8),
+                 head=np.asarray(p[1]), opt=np.frombuffer(serialization.to_bytes(state), np.uint8), step=step)
         os.replace(ckpt + ".tmp.npz", ckpt)
-        info = write_cact(jax.device_get(p), cfg, args.out, blob, cq2)
+        info = write_cact(jax.device_get(p[0]), cfg, args.out, blob, cq2)
         write_card(args.out, vocabulary, cfg, note)
         return info
 
@@ -374,6 +411,7 @@ def main(argv=None) -> None:
             if step >= args.steps:
                 break
 
+    params = params[0]
     qparams = quantise(params, cq2, False)
     scored = splits["test"][:args.score or None]
     edits, words, hyps = greedy_wer(model, qparams, cfg, sp, scored)
@@ -382,7 +420,7 @@ def main(argv=None) -> None:
     with open(os.path.join(args.data, "test_hypotheses.jsonl"), "w") as f:
         for row, hyp in zip(scored, hyps):
             f.write(json.dumps({"voice": row["voice"], "text": row["text"], "hyp": hyp}) + "\n")
-    val = validate(params)
+    val = validate((params, None))
     write_cact(jax.device_get(params), cfg, args.out, blob, cq2)
     write_card(args.out, vocabulary, cfg, f"Step {step}, validation loss {val:.3f}, test WER {wer:.1%} "
                                           f"(greedy, quantised, {len(hyps)} held-out clips and voices).")

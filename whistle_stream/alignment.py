@@ -14,6 +14,8 @@ from typing import Protocol, Sequence
 import numpy as np
 from numba import njit
 
+from .kernels import JIT_OPTIONS
+
 SPACE_PIECE = "\u2581"  # sentencepiece's word-start marker
 _STD_FLOOR = 1e-6  # a frame every token attends to equally carries no timing information
 
@@ -25,7 +27,7 @@ class Detokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
-@njit(cache=True, nogil=True)
+@njit(**JIT_OPTIONS)
 def _dtw(cost, acc, trace, path_tok, path_frm):  # pragma: no cover - compiled
     """Fill acc (N+1, M+1) and trace (N+1, M+1) for cost (N, M); write the path backwards into
     path_tok/path_frm (N+M,) from their start; return its length.

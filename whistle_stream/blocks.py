@@ -58,19 +58,9 @@ def rms_unit(x: np.ndarray, eps: float = NORM_EPS) -> np.ndarray:
 def softmax(x: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, max-subtracted, float32."""
     x2 = _f32_rows(x)
-    if x2.size > K.SMALL_ELEMENTS:
-        out = x2 - x2.max(axis=1, keepdims=True)
-        _softmax_shifted_inplace(out)
-        return out.reshape(np.shape(x))
     out = np.empty_like(x2)
     K._softmax_rows(x2, out)
     return out.reshape(np.shape(x))
-
-
-def _softmax_shifted_inplace(s: np.ndarray) -> None:
-    """exp and normalise rows already shifted by their max (numpy's SIMD exp)."""
-    np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -80,21 +70,10 @@ def silu(x: np.ndarray) -> np.ndarray:
     return out
 
 
-SILU_CHUNK = 1 << 15  # elements per numpy pass: the temporaries stay in L2 (the stem's is 30 MB)
-
-
 def silu_inplace(x: np.ndarray) -> None:
-    """x <- x * sigmoid(x) for a C-contiguous float32 array."""
-    if x.size > K.SMALL_ELEMENTS:
-        flat = x.reshape(-1)
-        tmp = np.empty(min(SILU_CHUNK, flat.size), np.float32)
-        for start in range(0, flat.size, SILU_CHUNK):
-            part = flat[start:start + SILU_CHUNK]
-            e = tmp[:part.size]
-            np.negative(part, out=e)
-            np.exp(e, out=e)
-            e += np.float32(1.0)
-            np.divide(part, e, out=part)
+    """x <- x * sigmoid(x) for a float32 array (vectorised exp when C-contiguous)."""
+    if x.flags.c_contiguous:
+        K._silu_flat(x.reshape(-1))
     else:
         K._silu_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
 
@@ -107,12 +86,9 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def sigmoid_inplace(x: np.ndarray) -> None:
-    """x <- 1 / (1 + exp(-x)) for a float32 array (any strides)."""
-    if x.size > K.SMALL_ELEMENTS:
-        np.negative(x, out=x)
-        np.exp(x, out=x)
-        x += np.float32(1.0)
-        np.reciprocal(x, out=x)
+    """x <- 1 / (1 + exp(-x)) for a float32 array of any strides (vectorised exp when C-contiguous)."""
+    if x.flags.c_contiguous:
+        K._sigmoid_flat(x.reshape(-1))
     else:
         K._sigmoid_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
 
@@ -155,14 +131,26 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 _POOL = None
 
 
-def _pool():
-    """The shared worker pool for row-split products (kernels.GEMM_THREADS workers)."""
+def thread_pool():
+    """The shared worker pool for split products (kernels.GEMM_THREADS workers)."""
     global _POOL
     if _POOL is None or _POOL._max_workers != K.GEMM_THREADS:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(K.GEMM_THREADS, thread_name_prefix="whistle-gemm")
     return _POOL
+
+
+def run_split(fn: Callable[[int, int], object], total: int) -> None:
+    """fn(a, b) over kernels.GEMM_THREADS contiguous ranges of range(total): the first on this
+    thread, the others on the shared pool (fn must release the GIL to gain anything)."""
+    bounds = np.linspace(0, total, K.GEMM_THREADS + 1).astype(int)
+    jobs = [thread_pool().submit(fn, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+    try:
+        fn(bounds[0], bounds[1])
+    finally:
+        for job in jobs:
+            job.result()
 
 
 class Linear:
@@ -197,11 +185,7 @@ class Linear:
         if rows <= K.SMALL_ROWS:
             K._gemm_rows(x, self.weight, out)
         elif K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS:
-            bounds = np.linspace(0, rows, K.GEMM_THREADS + 1).astype(int)
-            jobs = [_pool().submit(np.matmul, x[a:b], self.weight.T, out=out[a:b])
-                    for a, b in zip(bounds[:-1], bounds[1:])]
-            for job in jobs:
-                job.result()
+            run_split(lambda a, b: np.matmul(x[a:b], self.weight.T, out=out[a:b]), rows)
         else:
             np.matmul(x, self.weight.T, out=out)
         return out
@@ -269,25 +253,40 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_valid: np.ndarray | 
 
     q (Tq, H, d), k (Tk, KV, d), v (Tk, KV, dv); query head h reads K/V head h // (H // KV).
     key_valid (Tk,) bool masks keys out; causal masks key j > query i (same positions).
-    Returns (Tq, H * dv) float32.
+    Returns (Tq, H * dv) float32. With kernels.GEMM_THREADS > 1 and enough queries, blocks of
+    query rows run on the shared pool (each row's softmax is independent of the others).
     """
     tq, heads, d = q.shape
     tk, kv_heads, dv = v.shape
-    group = heads // kv_heads
-    qh = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(kv_heads, group * tq, d)
     kh = np.ascontiguousarray(k.transpose(1, 2, 0))  # (KV, d, Tk)
     vh = np.ascontiguousarray(v.transpose(1, 0, 2))  # (KV, Tk, dv)
-    s = np.matmul(qh, kh)  # (KV, group * Tq, Tk)
+    masked = None if key_valid is None else ~np.asarray(key_valid, bool)
+    out = np.empty((tq, heads * dv), np.float32)
+    if K.GEMM_THREADS > 1 and tq >= K.GEMM_SPLIT_ROWS:
+        run_split(lambda a, b: _attend_rows(q, kh, vh, masked, causal, a, b, out), tq)
+    else:
+        _attend_rows(q, kh, vh, masked, causal, 0, tq, out)
+    return out
+
+
+def _attend_rows(q, kh, vh, masked, causal: bool, a: int, b: int, out: np.ndarray) -> None:
+    """Queries a..b-1 of `attend` into out[a:b]; kh (KV, d, Tk), vh (KV, Tk, dv)."""
+    _, heads, d = q.shape
+    kv_heads, tk, dv = vh.shape
+    group = heads // kv_heads
+    rows = b - a
+    qh = np.ascontiguousarray(q[a:b].transpose(1, 0, 2)).reshape(kv_heads, group * rows, d)
+    s = np.matmul(qh, kh)  # (KV, group * rows, Tk)
     s *= np.float32(1.0 / np.sqrt(d))
-    if key_valid is not None:
-        s[:, :, ~np.asarray(key_valid, bool)] = np.finfo(np.float32).min
+    if masked is not None:
+        s[:, :, masked] = np.finfo(np.float32).min
     if causal:
-        blocked = np.triu(np.ones((tq, tk), bool), 1)
-        s.reshape(kv_heads, group, tq, tk)[:, :, blocked] = np.finfo(np.float32).min
-    s -= s.max(axis=-1, keepdims=True)
-    _softmax_shifted_inplace(s)
-    o = np.matmul(s, vh)  # (KV, group * Tq, dv)
-    return np.ascontiguousarray(o.reshape(heads, tq, dv).transpose(1, 0, 2)).reshape(tq, heads * dv)
+        blocked = np.arange(tk)[None, :] > np.arange(a, b)[:, None]
+        s.reshape(kv_heads, group, rows, tk)[:, :, blocked] = np.finfo(np.float32).min
+    s2 = s.reshape(-1, tk)
+    K._softmax_rows(s2, s2)
+    o = np.matmul(s, vh)  # (KV, group * rows, dv)
+    out[a:b] = o.reshape(heads, rows, dv).transpose(1, 0, 2).reshape(rows, heads * dv)
 
 
 # ---------------------------------------------------------------- Hadamard MLP

@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--word-timestamps", action="store_true", help="print per-word start and end times")
     transcribe.add_argument("--beams", type=_positive_int, default=None, metavar="N",
                             help="beam width (default: the engine's, 5; 1 is greedy)")
+    transcribe.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                            help="threads one pass splits its large products over (default: "
+                                 "$WHISTLE_THREADS, else 1)")
     transcribe.add_argument("--json", action="store_true", help="print the full result as JSON")
 
     commands.add_parser("serve", help="run the WebSocket service (`whistle-stream serve --help` for its options)",
@@ -142,6 +145,10 @@ def _transcribe(args: argparse.Namespace) -> dict:
     audio = Path(args.file)
     if not audio.is_file():
         raise AudioError(f"audio file {audio} does not exist")
+    if args.threads is not None:
+        from .kernels import set_threads
+
+        set_threads(args.threads)
     model = Whistle(models.resolve_model(args.model).path)
     options = {"language": args.language, "keywords": args.keyword or None,
                "word_timestamps": args.word_timestamps}

@@ -135,13 +135,21 @@ class _LevelsLinear:
         return out
 
     def rotated(self, xr: np.ndarray) -> np.ndarray:
-        """(rows, in_pad) rotated activation -> (rows, out)."""
+        """(rows, in_pad) rotated activation -> (rows, out). With kernels.GEMM_THREADS > 1 a large
+        matrix is split by output columns over the shared pool (the kernels release the GIL)."""
         out = np.empty((xr.shape[0], self.shape[0]), np.float32)
-        if self.two_bit:
-            _codes2_rows(xr, self.codes, self.norms, self.levels, self.group, out)
+        n_out = self.shape[0]
+        if K.GEMM_THREADS > 1 and n_out * self.k_pad >= K.SPLIT_WEIGHTS:
+            B.run_split(lambda a, b: self._part(xr, a, b, out), n_out)
         else:
-            _levels_rows(xr, self.codes, self.norms, self.group, out)
+            self._part(xr, 0, n_out, out)
         return out
+
+    def _part(self, xr: np.ndarray, a: int, b: int, out: np.ndarray) -> None:
+        if self.two_bit:
+            _codes2_rows(xr, self.codes[a:b], self.norms[a:b], self.levels, self.group, out[:, a:b])
+        else:
+            _levels_rows(xr, self.codes[a:b], self.norms[a:b], self.group, out[:, a:b])
 
     def split(self, y: np.ndarray) -> list[np.ndarray]:
         """The outputs of each stacked matrix."""

@@ -12,47 +12,13 @@ import numpy as np
 from numba import njit
 
 from .kernels import (
-    GEMM_FASTMATH, _fake_quant_rows, _fwht_rows, _gemm_rows, _lane_combine, _lane_mix, _rms_unit_rows, _rope_rows,
-    _sinkhorn_rows, _zc_rmsnorm_rows,
+    GEMM_FASTMATH, JIT_OPTIONS, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _lane_combine, _lane_mix, _rms_unit_rows,
+    _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
 )
 
 
 def _jit(fastmath=False):
-    return njit(cache=True, nogil=True, fastmath=fastmath)
-
-
-# Cephes expf: exp(x) = 2^n * exp(r), r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 polynomial
-# for exp(r); ~1 ulp, and branch-free so LLVM vectorises it (libm's expf is a call per element,
-# and the softmax over 375 memory frames is most of a step's exps).
-_LOG2E = np.float32(1.44269504088896341)
-_LN2_HI = np.float32(0.693359375)
-_LN2_LO = np.float32(-2.12194440e-4)
-_EXP_LO = np.float32(-87.3)  # below this exp underflows float32's normal range: returns 0
-_EXP_HI = np.float32(88.7)  # above this it overflows: returns inf
-_EXP_POLY = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3),
-             np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _exp_neg(x, out, bits, n):
-    """out[:n] = exp(x[:n]) (vectorised; x[i] may alias out[i]); bits: int32 scratch (n,)."""
-    c0, c1, c2, c3, c4, c5 = _EXP_POLY
-    for i in range(n):
-        v = min(max(x[i], _EXP_LO), _EXP_HI)
-        k = np.floor(v * _LOG2E + np.float32(0.5))
-        r = v - k * _LN2_HI - k * _LN2_LO
-        z = r * r
-        y = (((((c0 * r + c1) * r + c2) * r + c3) * r + c4) * r + c5) * z + r + np.float32(1.0)
-        bits[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
-        out[i] = y
-    scale = bits[:n].view(np.float32)
-    for i in range(n):
-        out[i] = out[i] * scale[i]
-    for i in range(n):
-        if x[i] < _EXP_LO:
-            out[i] = 0.0
-        elif x[i] > _EXP_HI:
-            out[i] = np.inf
+    return njit(fastmath=fastmath, **JIT_OPTIONS)
 
 
 @_jit()
@@ -225,7 +191,7 @@ def _gather_levels(codes, norms, codebook, rows, group, out):
             out[m, k] = codebook[codes[row, k]] * norms[row, k // group]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(inline="always", **JIT_OPTIONS)
 def _rows_dot_group(xr, buf, base, group, s, out, n):
     """out[r, n] += s * (buf . xr[r, base:base+group]) for every row, five rows per pass so each
     level in `buf` is loaded once for five multiply-adds."""
@@ -372,7 +338,7 @@ def _norm_quant_rotate(x, scale, eps, group, hr):
     _fwht_rows(h, group, hr)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(inline="always", **JIT_OPTIONS)
 def _sigmoid_vec(x, out, bits):
     """out = 1 / (1 + exp(-x)) over a 1-D array, with the vectorised exp (out may alias x)."""
     n = x.shape[0]

@@ -20,7 +20,7 @@ from . import kernels as K
 # ---------------------------------------------------------------- stem kernels
 
 
-@njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
+@njit(fastmath=K.GEMM_FASTMATH, **K.JIT_OPTIONS)
 def _stem_conv_in(x, w, out):
     """3x3 stride-2 conv, zero padding 1, one input channel -> C.
 
@@ -45,7 +45,7 @@ def _stem_conv_in(x, w, out):
                 o[c] = acc
 
 
-@njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
+@njit(fastmath=K.GEMM_FASTMATH, **K.JIT_OPTIONS)
 def _stem_depthwise(x, w, out):
     """Depthwise 3x3 stride-2 conv, zero padding 1: x (T, M, C), w (9, C), out (ceil(T/2), ceil(M/2), C).
 
@@ -82,7 +82,7 @@ def _stem_depthwise(x, w, out):
                         o[c] += xv[c] * wk[c]
 
 
-@njit(cache=True, nogil=True, fastmath=K.GEMM_FASTMATH)
+@njit(fastmath=K.GEMM_FASTMATH, **K.JIT_OPTIONS)
 def _conv_time(g, w, out):
     """Depthwise conv over time, "SAME" zero padding, the kernel applied unflipped
     (lax.conv_general_dilated is a cross-correlation): out[t, c] = sum_k g[t + k - (K-1)//2, c] * w[k, c].

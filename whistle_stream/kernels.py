@@ -21,9 +21,6 @@ GEMM_FASTMATH = {"reassoc", "contract", "nsz"}
 # Up to this many rows the hand-written row kernel beats numpy's BLAS (one BLAS thread,
 # [1024,512]: 5 rows 129 vs 328 us, 12 rows 315 vs 371 us; at 375 rows BLAS wins ~66 GFLOP/s).
 SMALL_ROWS = 12
-# Above this many elements numpy's SIMD exp beats Numba's scalar libm exp (no SVML here):
-# softmax over (3000, 375) 1.5 ms vs 13.6 ms; below it numpy's per-call overhead dominates.
-SMALL_ELEMENTS = 4096
 # The int8 activation/KV fake-quant of the reference (quantize.ACT_BITS = KV_BITS = 8).
 INT8_MAX = 127
 # One BLAS thread: on this 2-vCPU class of machine two made an encoder layer slower (MEASURED:
@@ -31,10 +28,32 @@ INT8_MAX = 127
 BLAS_THREADS = 1
 
 
-# Python threads a large product is split over by rows (numpy releases the GIL inside BLAS).
-# 1 by default: on a shared 2-vCPU host the second core is usually another session's.
+# Threads one pass splits its large products and attention over (numpy releases the GIL inside
+# BLAS, the kernels release it too). 1 by default: a server runs many sessions' passes side by
+# side already, and on a shared 2-vCPU host the second core is usually another session's. Set
+# with set_threads() or the WHISTLE_THREADS environment variable for single-stream latency.
 GEMM_THREADS = 1
 GEMM_SPLIT_ROWS = 128  # below this many rows a product is not worth splitting
+SPLIT_WEIGHTS = 1 << 18  # a decoder step splits a matrix over threads from this many weights
+
+
+def set_threads(threads: int) -> None:
+    """Threads each encoder / decoder pass splits its large products over (see GEMM_THREADS)."""
+    global GEMM_THREADS
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
+        raise ValueError(f"threads must be an integer from 1 to 64, got {threads!r}")
+    GEMM_THREADS = threads
+
+
+def _threads_from_env() -> None:
+    import os
+
+    raw = os.environ.get("WHISTLE_THREADS", "").strip()
+    if raw:
+        try:
+            set_threads(int(raw))
+        except ValueError:
+            raise ValueError(f"WHISTLE_THREADS must be an integer from 1 to 64, got {raw!r}") from None
 
 
 def set_blas_threads(threads: int = BLAS_THREADS) -> bool:
@@ -58,8 +77,61 @@ def set_blas_threads(threads: int = BLAS_THREADS) -> bool:
     return False
 
 
+# Numba's default ("python") error model checks every float division for zero to raise
+# ZeroDivisionError, which keeps LLVM from vectorising any loop with a division (a SiLU over the
+# stem's 7.7M activations: 10.6 vs 4.7 ms). The numpy model gives inf/nan like the reference.
+JIT_OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+_threads_from_env()
+
+
 def _jit(fastmath=False):
-    return njit(cache=True, nogil=True, fastmath=fastmath)
+    return njit(fastmath=fastmath, **JIT_OPTIONS)
+
+
+# ---------------------------------------------------------------- exp
+
+
+# Cephes expf: exp(x) = 2^n * exp(r), r = x - n ln2 in [-ln2/2, ln2/2], a degree-6 polynomial
+# for exp(r); ~1 ulp, and branch-free so LLVM vectorises it (libm's expf is a call per element,
+# and the softmax over 375 memory frames is most of a step's exps).
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_LO = np.float32(-87.3)  # below this exp underflows float32's normal range: returns 0
+_EXP_HI = np.float32(88.7)  # above this it overflows: returns inf
+_EXP_POLY = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3),
+             np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
+
+
+_INF_BITS = np.int32(0x7F800000)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _exp_neg(x, out, bits, n):
+    """out[:n] = exp(x[:n]) (vectorised; out may be x itself); bits: int32 scratch (n,).
+
+    Below _EXP_LO the result is 0 and above _EXP_HI inf: the scale 2^k is built as 0 or inf there,
+    so no branch reads x after out has been written.
+    """
+    c0, c1, c2, c3, c4, c5 = _EXP_POLY
+    for i in range(n):
+        xi = x[i]
+        v = xi if xi > _EXP_LO else _EXP_LO  # selects, not min/max: these vectorise
+        v = v if v < _EXP_HI else _EXP_HI
+        k = np.floor(v * _LOG2E + np.float32(0.5))
+        r = v - k * _LN2_HI - k * _LN2_LO
+        z = r * r
+        y = (((((c0 * r + c1) * r + c2) * r + c3) * r + c4) * r + c5) * z + r + np.float32(1.0)
+        e = (np.int32(k) + np.int32(127)) << np.int32(23)
+        e = np.int32(0) if xi < _EXP_LO else e
+        e = _INF_BITS if xi > _EXP_HI else e
+        bits[i] = e
+        out[i] = y
+    scale = bits[:n].view(np.float32)
+    for i in range(n):
+        out[i] = out[i] * scale[i]
 
 
 # ---------------------------------------------------------------- products
@@ -143,20 +215,21 @@ def _fake_quant_rows(x, out):
     rint rounds half to even like jnp.round.
     """
     rows, d = x.shape
+    hi = np.float32(INT8_MAX)
+    lo = np.float32(-INT8_MAX - 1)
     for r in range(rows):
+        xr = x[r]
+        o = out[r]
         amax = np.float32(0.0)
         for k in range(d):
-            a = abs(x[r, k])
-            if a > amax:
-                amax = a
-        scale = amax / np.float32(INT8_MAX) if amax > 0 else np.float32(1.0)
+            a = abs(xr[k])
+            amax = a if a > amax else amax
+        scale = amax / hi if amax > 0 else np.float32(1.0)
         for k in range(d):
-            q = np.rint(x[r, k] / scale)
-            if q > INT8_MAX:
-                q = INT8_MAX
-            elif q < -INT8_MAX - 1:
-                q = -INT8_MAX - 1
-            out[r, k] = q * scale
+            q = np.rint(xr[k] / scale)
+            q = hi if q > hi else q
+            q = lo if q < lo else q
+            o[k] = q * scale
 
 
 @_jit(GEMM_FASTMATH)
@@ -189,20 +262,25 @@ def _rms_unit_rows(x, eps, out):
 
 @_jit()
 def _softmax_rows(x, out):
+    """out[r] = exp(x[r] - max) / sum over each row (x may be out); the vectorised exp."""
     rows, d = x.shape
+    shifted = np.empty(d, np.float32)
+    bits = np.empty(d, np.int32)
     for r in range(rows):
-        m = x[r, 0]
+        xr = x[r]
+        m = xr[0]
         for k in range(1, d):
-            if x[r, k] > m:
-                m = x[r, k]
+            m = xr[k] if xr[k] > m else m
+        for k in range(d):
+            shifted[k] = xr[k] - m
+        o = out[r]
+        _exp_neg(shifted, o, bits, d)
         s = np.float32(0.0)
         for k in range(d):
-            e = np.exp(x[r, k] - m)
-            out[r, k] = e
-            s += e
+            s += o[k]
         inv = np.float32(1.0) / s
         for k in range(d):
-            out[r, k] *= inv
+            o[k] *= inv
 
 
 @_jit()
@@ -224,56 +302,151 @@ def _rope_rows(x, cos, sin, out):
                 out[r, h, half + i] = b * c + a * s
 
 
+# Below this a column of exp(logits - row max) is treated as empty and the matrix goes through
+# the log-domain loop instead (whose normalisation never divides by an underflowed sum).
+_SINKHORN_TINY = np.float32(1e-30)
+
+
+@_jit()
+def _sinkhorn_log(work, iters):
+    """`iters` rounds of log-domain row then column normalisation of work (n, n), in place."""
+    n = work.shape[0]
+    for _ in range(iters):
+        for i in range(n):
+            m = work[i, 0]
+            for j in range(1, n):
+                m = max(m, work[i, j])
+            s = np.float32(0.0)
+            for j in range(n):
+                s += np.exp(work[i, j] - m)
+            lse = m + np.log(s)
+            for j in range(n):
+                work[i, j] -= lse
+        for j in range(n):
+            m = work[0, j]
+            for i in range(1, n):
+                m = max(m, work[i, j])
+            s = np.float32(0.0)
+            for i in range(n):
+                s += np.exp(work[i, j] - m)
+            lse = m + np.log(s)
+            for i in range(n):
+                work[i, j] -= lse
+
+
 @_jit()
 def _sinkhorn_rows(logits, iters, out):
-    """exp of `iters` rounds of log-domain row then column normalisation, per (n, n) matrix."""
+    """exp of `iters` rounds of log-domain row then column normalisation, per (n, n) matrix.
+
+    needle `_sinkhorn` subtracts logsumexp over rows then columns; subtracting a log-sum in the
+    log domain is dividing by the sum after exp, so the same rounds run on exp(logits - row max)
+    with n^2 exps per matrix instead of 2 n^2 per round (the same numbers to float rounding).
+    A matrix whose exps underflow a whole column takes the log-domain loop.
+    """
     rows, n, _ = logits.shape
     work = np.empty((n, n), np.float32)
     for r in range(rows):
+        o = out[r]
+        for i in range(n):
+            m = logits[r, i, 0]
+            for j in range(1, n):
+                m = max(m, logits[r, i, j])
+            for j in range(n):
+                o[i, j] = np.exp(logits[r, i, j] - m)
+        ok = True
+        for j in range(n):
+            s = np.float32(0.0)
+            for i in range(n):
+                s += o[i, j]
+            if not s > _SINKHORN_TINY:
+                ok = False
+        if ok:
+            for _ in range(iters):
+                for i in range(n):
+                    s = np.float32(0.0)
+                    for j in range(n):
+                        s += o[i, j]
+                    inv = np.float32(1.0) / s
+                    for j in range(n):
+                        o[i, j] *= inv
+                for j in range(n):
+                    s = np.float32(0.0)
+                    for i in range(n):
+                        s += o[i, j]
+                    inv = np.float32(1.0) / s
+                    for i in range(n):
+                        o[i, j] *= inv
+            continue
         for i in range(n):
             for j in range(n):
                 work[i, j] = logits[r, i, j]
-        for _ in range(iters):
-            for i in range(n):
-                m = work[i, 0]
-                for j in range(1, n):
-                    m = max(m, work[i, j])
-                s = np.float32(0.0)
-                for j in range(n):
-                    s += np.exp(work[i, j] - m)
-                lse = m + np.log(s)
-                for j in range(n):
-                    work[i, j] -= lse
-            for j in range(n):
-                m = work[0, j]
-                for i in range(1, n):
-                    m = max(m, work[i, j])
-                s = np.float32(0.0)
-                for i in range(n):
-                    s += np.exp(work[i, j] - m)
-                lse = m + np.log(s)
-                for i in range(n):
-                    work[i, j] -= lse
+        _sinkhorn_log(work, iters)
         for i in range(n):
             for j in range(n):
-                out[r, i, j] = np.exp(work[i, j])
+                o[i, j] = np.exp(work[i, j])
+
+
+EXP_CHUNK = 2048  # elements per pass of the vectorised exp (scratch stays in L1)
+
+
+@_jit()
+def _silu_flat(x):
+    """x <- x / (1 + exp(-x)) for a flat float32 array, with the vectorised `_exp_neg`."""
+    n = x.shape[0]
+    e = np.empty(EXP_CHUNK, np.float32)
+    bits = np.empty(EXP_CHUNK, np.int32)
+    for a in range(0, n, EXP_CHUNK):
+        m = min(EXP_CHUNK, n - a)
+        xs = x[a:a + m]
+        for i in range(m):
+            e[i] = -xs[i]
+        _exp_neg(e, e, bits, m)
+        for i in range(m):
+            xs[i] = xs[i] / (np.float32(1.0) + e[i])
+
+
+@_jit()
+def _sigmoid_flat(x):
+    """x <- 1 / (1 + exp(-x)) for a flat float32 array, with the vectorised `_exp_neg`."""
+    n = x.shape[0]
+    e = np.empty(EXP_CHUNK, np.float32)
+    bits = np.empty(EXP_CHUNK, np.int32)
+    for a in range(0, n, EXP_CHUNK):
+        m = min(EXP_CHUNK, n - a)
+        xs = x[a:a + m]
+        for i in range(m):
+            e[i] = -xs[i]
+        _exp_neg(e, e, bits, m)
+        for i in range(m):
+            xs[i] = np.float32(1.0) / (np.float32(1.0) + e[i])
 
 
 @_jit()
 def _silu_inplace(x):
-    """x <- x * sigmoid(x) for a 2-D array of any strides."""
+    """x <- x * sigmoid(x) for a 2-D array of any strides (a row at a time through scratch)."""
+    cols = x.shape[1]
+    e = np.empty(cols, np.float32)
+    bits = np.empty(cols, np.int32)
     for r in range(x.shape[0]):
-        for c in range(x.shape[1]):
-            v = x[r, c]
-            x[r, c] = v / (np.float32(1.0) + np.exp(-v))
+        for c in range(cols):
+            e[c] = -x[r, c]
+        _exp_neg(e, e, bits, cols)
+        for c in range(cols):
+            x[r, c] = x[r, c] / (np.float32(1.0) + e[c])
 
 
 @_jit()
 def _sigmoid_inplace(x):
-    """x <- 1 / (1 + exp(-x)) for a 2-D array of any strides."""
+    """x <- 1 / (1 + exp(-x)) for a 2-D array of any strides (a row at a time through scratch)."""
+    cols = x.shape[1]
+    e = np.empty(cols, np.float32)
+    bits = np.empty(cols, np.int32)
     for r in range(x.shape[0]):
-        for c in range(x.shape[1]):
-            x[r, c] = np.float32(1.0) / (np.float32(1.0) + np.exp(-x[r, c]))
+        for c in range(cols):
+            e[c] = -x[r, c]
+        _exp_neg(e, e, bits, cols)
+        for c in range(cols):
+            x[r, c] = np.float32(1.0) / (np.float32(1.0) + e[c])
 
 
 # ---------------------------------------------------------------- mHC lanes
