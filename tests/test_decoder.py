@@ -28,7 +28,8 @@ import pytest
 
 from whistle_stream import kernels as K
 from whistle_stream.container import CactFile
-from whistle_stream.decoder import Decoder, ladder_layers, ladder_order, sinusoids
+from whistle_stream.blocks import fake_quant_int8
+from whistle_stream.decoder import Decoder, _memory_codes, ladder_layers, ladder_order, sinusoids
 from whistle_stream.decoder_kernels import (
     _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _exp_rows, _gather_levels, _levels_rows,
 )
@@ -99,16 +100,23 @@ def test_pool_attention_reads_each_beams_own_positions():
 
 
 def test_memory_attention_and_its_weights():
+    """The int8 memory (codes x per-head-vector scales) gives attention over the fake-quantised
+    K and V, and its codes x scales are exactly the fake-quantised vectors."""
     rng = np.random.default_rng(3)
     R, H, F, dq, dv = 7, 3, 11, 6, 5  # one block of five rows and two more
     q = rng.standard_normal((R, H, dq)).astype(np.float32)
-    k = rng.standard_normal((H, F, dq)).astype(np.float32)
-    v = rng.standard_normal((H, F, dv)).astype(np.float32)
+    k = rng.standard_normal((F, H, dq)).astype(np.float32)
+    v = rng.standard_normal((F, H, dv)).astype(np.float32)
+    v[4, 1] = 0.0  # an all-zero vector quantises with scale 1
+    kq, vq = fake_quant_int8(k), fake_quant_int8(v)
+    (kc, ks), (vc, vs) = _memory_codes(k), _memory_codes(v)
+    assert kc.dtype == np.int8 and kc.shape == (H, dq, F) and ks.shape == (H, F)
+    np.testing.assert_array_equal(kc.astype(np.float32) * ks[:, None, :], kq.transpose(1, 2, 0))
+    np.testing.assert_array_equal(vc.astype(np.float32) * vs[:, None, :], vq.transpose(1, 2, 0))
     weights = np.empty((R, H, F), np.float32)
     out = np.empty((R, H, dv), np.float32)
-    _attend_memory(q, np.ascontiguousarray(k.transpose(0, 2, 1)), np.ascontiguousarray(v.transpose(0, 2, 1)),
-                   np.float32(1.0), np.float32(0.5), weights, out)
-    want, w = naive_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 0.5)
+    _attend_memory(q, kc, ks, vc, vs, np.float32(1.0), np.float32(0.5), weights, out)
+    want, w = naive_attention(q, kq, vq, 0.5)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(weights, w.transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
 

@@ -32,7 +32,7 @@ from .blocks import NORM_EPS, SINKHORN_ITERS
 from .decoder_kernels import (
     _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _gate_quant_rotate, _gated_residual,
     _gather_levels, _hadamard_residual, _head_norm_quant, _lanes_in, _lanes_out, _levels_rows,
-    _norm_quant_rotate, _self_qkv,
+    _norm_quant_rotate, _quant_codes, _self_qkv,
 )
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
@@ -87,9 +87,15 @@ def _sigmoid_scalar(x: np.ndarray) -> np.float32:
     return np.float32(1.0) / (np.float32(1.0) + np.exp(-v))
 
 
-def _head_quant(x: np.ndarray) -> np.ndarray:
-    """int8 fake-quant of each head vector: x (..., d) -> same shape (quantize.maybe_quant_kv)."""
-    return B.fake_quant_int8(x)
+def _memory_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cross-attention K or V (frames, heads, d), int8-quantised per head vector like
+    quantize.maybe_quant_kv, as (codes (heads, d, frames) int8, scales (heads, frames) float32)."""
+    frames, heads, dim = x.shape
+    codes = np.empty((frames * heads, dim), np.int8)
+    scales = np.empty(frames * heads, np.float32)
+    _quant_codes(np.ascontiguousarray(x, np.float32).reshape(-1, dim), codes, scales)
+    return (np.ascontiguousarray(codes.reshape(frames, heads, dim).transpose(1, 2, 0)),
+            np.ascontiguousarray(scales.reshape(frames, heads).T))
 
 
 # ---------------------------------------------------------------- weights
@@ -230,8 +236,8 @@ class DecoderState:
     capacity: int  # most beam rows
     rows: int
     position: int
-    cross_k: list  # per kept layer (heads, qk_dim, frames), int8 fake-quantised
-    cross_v: list  # per kept layer (heads, v_dim, frames)
+    cross_k: list  # per kept layer (int8 codes (heads, qk_dim, frames), scales (heads, frames))
+    cross_v: list  # per kept layer (int8 codes (heads, v_dim, frames), scales (heads, frames))
     k_pool: list  # per kept layer (max_tokens, capacity, kv_heads, qk_dim)
     v_pool: list  # per kept layer (max_tokens, capacity, kv_heads, v_dim)
     anc: np.ndarray  # (capacity, max_tokens) int32: pool row of each beam's position
@@ -299,8 +305,8 @@ class Decoder:
         for layer in self.layers:
             k = B.zc_rmsnorm(layer.ck(mem).reshape(frames, d.heads, d.qk_dim), layer.ck_norm)
             v = layer.cv(mem).reshape(frames, d.heads, d.v_dim)
-            cross_k.append(np.ascontiguousarray(_head_quant(k).transpose(1, 2, 0)))
-            cross_v.append(np.ascontiguousarray(_head_quant(v).transpose(1, 2, 0)))
+            cross_k.append(_memory_codes(k))
+            cross_v.append(_memory_codes(v))
         cap, T = int(beams), d.max_tokens
         depth = max(d.taps - 1, 0)
         tap_hist = [[np.zeros((cap, depth, n), np.float32)
@@ -521,7 +527,7 @@ class Decoder:
         _head_norm_quant(y[:, : d.heads * d.qk_dim], d.heads, layer.cq_norm, NORM_EPS, q)
         weights = np.empty((n, d.heads, state.frames), np.float32)
         att = np.empty((n, d.heads, d.v_dim), np.float32)
-        _attend_memory(q, state.cross_k[li], state.cross_v[li], self.q_scale, self.logit_scale, weights, att)
+        _attend_memory(q, *state.cross_k[li], *state.cross_v[li], self.q_scale, self.logit_scale, weights, att)
         if ctx.collect is not None and layer.index in ctx.collect[0]:
             ctx.collect[1][layer.index] = weights
         hr = np.empty((n, layer.cout.k_pad), np.float32)

@@ -106,20 +106,46 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
                         o[d] += w * vr[d]
 
 
+@_jit()
+def _quant_codes(x, codes, scales):
+    """int8 codes and scales of each row's fake-quant (the same rule as kernels._fake_quant_rows:
+    scale = absmax / 127, 1 for an all-zero row; code = clip(rint(x / scale), -128, 127)), so
+    that codes * scale is exactly the fake-quantised row. x (R, d) -> codes (R, d) int8, scales (R,)."""
+    rows, d = x.shape
+    hi = np.float32(127.0)
+    lo = np.float32(-128.0)
+    for r in range(rows):
+        xr = x[r]
+        amax = np.float32(0.0)
+        for k in range(d):
+            a = abs(xr[k])
+            amax = a if a > amax else amax
+        scale = amax / hi if amax > 0 else np.float32(1.0)
+        scales[r] = scale
+        for k in range(d):
+            c = np.rint(xr[k] / scale)
+            c = hi if c > hi else c
+            c = lo if c < lo else c
+            codes[r, k] = np.int8(c)
+
+
 @_jit(GEMM_FASTMATH)
-def _attend_memory(q, k_mem, v_mem, q_scale, logit_scale, weights, out):
+def _attend_memory(q, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, weights, out):
     """Cross-attention of rows over the clip's memory, every head its own K and V.
 
-    q (R, H, dq) fake-quantised; k_mem (H, dq, F) and v_mem (H, dv, F), frames last so both
-    products run along contiguous frames; weights (R, H, F) receives the softmax weights (word
-    timestamps read them); out (R, H, dv). The value product takes the rows five at a time, so
-    each value row is read once per five dot products.
+    The memory is int8 as the reference fake-quantises it (per head and frame): K = k_codes *
+    k_scale, V = v_codes * v_scale, a quarter of the bytes of float32 (the step reads all of it).
+    q (R, H, dq) fake-quantised; k_codes (H, dq, F) and v_codes (H, dv, F) int8, frames last so
+    both products run along contiguous frames; k_scale, v_scale (H, F); weights (R, H, F)
+    receives the softmax weights (word timestamps read them); out (R, H, dv). The value product
+    takes the rows five at a time, so each value row is read once per five dot products.
     """
     n_rows, heads, dq = q.shape
-    frames = k_mem.shape[2]
-    dv = v_mem.shape[1]
+    frames = k_codes.shape[2]
+    dv = v_codes.shape[1]
     shifted = np.empty(frames, np.float32)
     bits = np.empty(frames, np.int32)
+    scaled = np.empty((5, frames), np.float32)
     for r in range(n_rows):
         for h in range(heads):
             w = weights[r, h]
@@ -127,12 +153,13 @@ def _attend_memory(q, k_mem, v_mem, q_scale, logit_scale, weights, out):
                 w[f] = 0.0
             for d in range(dq):
                 qd = q[r, h, d] * q_scale
-                kd = k_mem[h, d]
+                kd = k_codes[h, d]
                 for f in range(frames):
-                    w[f] += qd * kd[f]
+                    w[f] += qd * np.float32(kd[f])
+            ks = k_scale[h]
             top = np.float32(-np.inf)
             for f in range(frames):
-                w[f] *= logit_scale
+                w[f] *= ks[f] * logit_scale
                 top = max(top, w[f])
             for f in range(frames):
                 shifted[f] = w[f] - top
@@ -140,42 +167,50 @@ def _attend_memory(q, k_mem, v_mem, q_scale, logit_scale, weights, out):
             total = np.float32(0.0)
             for f in range(frames):
                 total += w[f]
+            inv = np.float32(1.0) / total
             for f in range(frames):
-                w[f] = w[f] / total
+                w[f] = w[f] * inv
     for h in range(heads):
+        vs = v_scale[h]
         r = 0
-        while r + 5 <= n_rows:
-            w0, w1, w2 = weights[r, h], weights[r + 1, h], weights[r + 2, h]
-            w3, w4 = weights[r + 3, h], weights[r + 4, h]
-            for d in range(dv):
-                vd = v_mem[h, d]
-                a0 = np.float32(0.0)
-                a1 = np.float32(0.0)
-                a2 = np.float32(0.0)
-                a3 = np.float32(0.0)
-                a4 = np.float32(0.0)
-                for f in range(frames):
-                    v = vd[f]
-                    a0 += w0[f] * v
-                    a1 += w1[f] * v
-                    a2 += w2[f] * v
-                    a3 += w3[f] * v
-                    a4 += w4[f] * v
-                out[r, h, d] = a0
-                out[r + 1, h, d] = a1
-                out[r + 2, h, d] = a2
-                out[r + 3, h, d] = a3
-                out[r + 4, h, d] = a4
-            r += 5
         while r < n_rows:
-            w0 = weights[r, h]
-            for d in range(dv):
-                vd = v_mem[h, d]
-                a0 = np.float32(0.0)
+            block = min(5, n_rows - r)
+            for i in range(block):
+                wi = weights[r + i, h]
+                si = scaled[i]
                 for f in range(frames):
-                    a0 += w0[f] * vd[f]
-                out[r, h, d] = a0
-            r += 1
+                    si[f] = wi[f] * vs[f]
+            if block == 5:
+                w0, w1, w2, w3, w4 = scaled[0], scaled[1], scaled[2], scaled[3], scaled[4]
+                for d in range(dv):
+                    vd = v_codes[h, d]
+                    a0 = np.float32(0.0)
+                    a1 = np.float32(0.0)
+                    a2 = np.float32(0.0)
+                    a3 = np.float32(0.0)
+                    a4 = np.float32(0.0)
+                    for f in range(frames):
+                        v = np.float32(vd[f])
+                        a0 += w0[f] * v
+                        a1 += w1[f] * v
+                        a2 += w2[f] * v
+                        a3 += w3[f] * v
+                        a4 += w4[f] * v
+                    out[r, h, d] = a0
+                    out[r + 1, h, d] = a1
+                    out[r + 2, h, d] = a2
+                    out[r + 3, h, d] = a3
+                    out[r + 4, h, d] = a4
+            else:
+                for i in range(block):
+                    wi = scaled[i]
+                    for d in range(dv):
+                        vd = v_codes[h, d]
+                        a0 = np.float32(0.0)
+                        for f in range(frames):
+                            a0 += wi[f] * np.float32(vd[f])
+                        out[r + i, h, d] = a0
+            r += block
 
 
 @_jit()

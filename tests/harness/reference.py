@@ -432,6 +432,61 @@ def ladder(model: RefModel, depth: int) -> RefModel:
     return rung
 
 
+def config_of_cact(path) -> WhistleConfig:
+    """The float32 WhistleConfig a .cact was exported from, read from its header (our Dims)."""
+    from whistle_stream.container import CactFile
+
+    d = CactFile(path).dims
+    return WhistleConfig(
+        text=d.text_vocab, languages=tuple(d.languages), dim=d.width, kv_heads=d.kv_heads, qk_dim=d.qk_dim,
+        v_dim=d.v_dim, enc_layers=d.enc_layers, dec_layers=d.dec_layers, conv_kernel=d.conv_kernel,
+        taps=d.taps, lanes=d.lanes, enc_lanes=d.enc_lanes, sites=tuple(d.engram_sites),
+        orders=tuple(d.engram_orders), slots=d.engram_slots, hashes=d.engram_hashes, stem=d.stem,
+        stem_stages=d.stem_stages, rope=d.rope_theta, mels=d.mels, rate=d.rate, fft=d.fft, win=d.win,
+        hop=d.hop, max_tokens=d.max_tokens, pad=d.pad, eos=d.eos, bos=d.bos, dtype="float32", remat=False)
+
+
+def from_cact(path, shape: str = "file") -> RefModel:
+    """A reference model whose parameters are exactly what a .cact stores: every CQ record
+    dequantised by needle's own `read_export`, every FP16 record as its float16 values.
+
+    export's `_tensors` lays every parameter leaf out into records by reshapes, transposes and
+    stacking only; running it over leaves filled with their own element indices (with `_q` and
+    `_fp16` swapped for pass-throughs) gives, per record, which leaf element each value came
+    from, and so the inverse. `params` and `qparams` are the same tree (already quantised)."""
+    cfg = config_of_cact(path)
+    template = _init_params(cfg, 0)
+    names = sorted(template)
+    sizes = [template[n].size for n in names]
+    starts = np.cumsum([0, *sizes])
+    indexed = _unflatten({n: np.arange(starts[i], starts[i + 1], dtype=np.float64).reshape(template[n].shape)
+                          for i, n in enumerate(names)})
+    saved = _export._q, _export._fp16
+    _export._q = lambda name, mat, bits, group: (name, np.asarray(mat))
+    _export._fp16 = lambda name, arr: (name, np.asarray(arr))
+    try:
+        layout = [t for t in _export._tensors(indexed, cfg.needle(), 2, 128, audio=cfg) if isinstance(t, tuple)]
+    finally:
+        _export._q, _export._fp16 = saved
+    from whistle_stream.container import CactFile
+
+    _, values = _export.read_export(str(path))  # positional, in record order
+    tensors = dict(zip((r.name for r in CactFile(path).records), values))
+    flat = np.full(int(starts[-1]), np.nan, np.float32)
+    for name, where in layout:
+        value = np.asarray(tensors[name], np.float32).reshape(-1)
+        index = np.asarray(where).reshape(-1)
+        if value.size < index.size:
+            raise ValueError(f"record {name} holds {value.size} values, the layout wants {index.size}")
+        flat[index.astype(np.int64)] = value[:index.size]
+    missing = [n for i, n in enumerate(names) if np.isnan(flat[starts[i]:starts[i + 1]]).any()]
+    if missing:
+        raise ValueError(f"{path}: no record holds {missing}")
+    params = _unflatten({n: flat[starts[i]:starts[i + 1]].reshape(template[n].shape) for i, n in enumerate(names)})
+    return RefModel(shape=shape, seed=0, cfg=cfg, params=params, qparams=params, path=Path(path),
+                    tokenizer_model=Path(path), sp=None)
+
+
 # ---------------------------------------------------------------------------------------------
 # Audio front of the reference
 
@@ -750,18 +805,20 @@ def beam_search(next_logits, text_vocab: int, eos: int, max_generated: int, beam
     return finished[best][1], finished[best][0]
 
 
-def ref_beam(model: RefModel, pcm, language: str | None = None, beams: int = BEAMS, trace: list | None = None):
+def ref_beam(model: RefModel, pcm, language: str | None = None, beams: int = BEAMS, trace: list | None = None,
+             pad_to: int | None = None):
     """Guide §6's beam search over the quantised reference (rules: `beam_search`).
 
     Returns (language code, ids of the winning transcript without </s>, a loop cut to one copy).
     The prompt is [<s>, tag] (tag forced or detected as in ref_greedy). The cap: a transcript
     finishes when the sequence, prompt included, reaches max_tokens - 1 tokens (319 for the
     shipped 320), i.e. after max_tokens - 3 generated ids. Each step recomputes every live
-    beam's full prefix (slow, obviously correct)."""
+    beam's full prefix (slow, obviously correct). pad_to: see ref_embed (one encoder compile per
+    padded length instead of one per clip length)."""
     cfg = model.cfg
     if language is not None:
         model.language_id(language)
-    enc, frames = _encode_padded(model, pcm)
+    enc, frames = _encode_padded(model, pcm, pad_to)
     language, prompt = _prompt(model, enc, frames, language)
 
     def next_logits(prefixes):
