@@ -280,3 +280,29 @@ def test_whistle_threads_environment_variable(monkeypatch):
     monkeypatch.setenv("WHISTLE_THREADS", "many")
     with pytest.raises(ValueError, match="WHISTLE_THREADS must be an integer from 1 to 64, got 'many'"):
         K._threads_from_env()
+
+
+def test_row_maps_split_over_threads_give_identical_rows(monkeypatch):
+    x = rand(301, 96, scale=3.0)
+    s = rand(96, scale=0.3)
+    want = [B.fake_quant_int8(x), B.zc_rmsnorm(x, s), B.rms_unit(x), B.softmax(x), B.silu(x), B.sigmoid(x)]
+    gate = rand(301, 192)
+    gate2 = gate.copy()
+    B.sigmoid_inplace(gate[:, 96:])  # the strided path
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    got = [B.fake_quant_int8(x), B.zc_rmsnorm(x, s), B.rms_unit(x), B.softmax(x), B.silu(x), B.sigmoid(x)]
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    B.sigmoid_inplace(gate2[:, 96:])
+    np.testing.assert_array_equal(gate, gate2)
+
+
+def test_a_split_inside_a_split_runs_inline(monkeypatch):
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    seen = []
+
+    def outer(a, b):
+        B.run_split(lambda c, d: seen.append((a, b, c, d)), b - a)
+
+    B.run_split(outer, 10)
+    assert sorted(seen) == [(0, 5, 0, 5), (5, 10, 0, 5)]

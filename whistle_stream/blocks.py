@@ -8,6 +8,7 @@ at the same points, with `fake_quant_int8`.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import numpy as np
@@ -27,6 +28,14 @@ def _f32_rows(x: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- elementwise and row maps
 
 
+def _split_rows(fn: Callable[[int, int], object], rows: int) -> None:
+    """fn(a, b) over all rows: split over kernels.GEMM_THREADS threads when there are enough."""
+    if K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS:
+        run_split(fn, rows)
+    else:
+        fn(0, rows)
+
+
 def fake_quant_int8(x: np.ndarray) -> np.ndarray:
     """Symmetric int8 fake-quant over the last axis (quantize.fake_quant, group = last dim, 8 bits).
 
@@ -35,7 +44,7 @@ def fake_quant_int8(x: np.ndarray) -> np.ndarray:
     """
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    K._fake_quant_rows(x2, out)
+    _split_rows(lambda a, b: K._fake_quant_rows(x2[a:b], out[a:b]), x2.shape[0])
     return out.reshape(np.shape(x))
 
 
@@ -43,7 +52,8 @@ def zc_rmsnorm(x: np.ndarray, scale: np.ndarray, eps: float = NORM_EPS) -> np.nd
     """Zero-centred RMSNorm over the last axis: (1 + scale) * x / sqrt(mean(x^2) + eps)."""
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    K._zc_rmsnorm_rows(x2, np.asarray(scale, np.float32), eps, out)
+    scale = np.asarray(scale, np.float32)
+    _split_rows(lambda a, b: K._zc_rmsnorm_rows(x2[a:b], scale, eps, out[a:b]), x2.shape[0])
     return out.reshape(np.shape(x))
 
 
@@ -51,7 +61,7 @@ def rms_unit(x: np.ndarray, eps: float = NORM_EPS) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) over the last axis (needle `_rms_unit`)."""
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    K._rms_unit_rows(x2, eps, out)
+    _split_rows(lambda a, b: K._rms_unit_rows(x2[a:b], eps, out[a:b]), x2.shape[0])
     return out.reshape(np.shape(x))
 
 
@@ -59,7 +69,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, max-subtracted, float32."""
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    K._softmax_rows(x2, out)
+    _split_rows(lambda a, b: K._softmax_rows(x2[a:b], out[a:b]), x2.shape[0])
     return out.reshape(np.shape(x))
 
 
@@ -73,7 +83,8 @@ def silu(x: np.ndarray) -> np.ndarray:
 def silu_inplace(x: np.ndarray) -> None:
     """x <- x * sigmoid(x) for a float32 array (vectorised exp when C-contiguous)."""
     if x.flags.c_contiguous:
-        K._silu_flat(x.reshape(-1))
+        flat = x.reshape(-1)
+        _split_rows(lambda a, b: K._silu_flat(flat[a * 512:b * 512]), -(-flat.size // 512))
     else:
         K._silu_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
 
@@ -88,7 +99,10 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 def sigmoid_inplace(x: np.ndarray) -> None:
     """x <- 1 / (1 + exp(-x)) for a float32 array of any strides (vectorised exp when C-contiguous)."""
     if x.flags.c_contiguous:
-        K._sigmoid_flat(x.reshape(-1))
+        flat = x.reshape(-1)
+        _split_rows(lambda a, b: K._sigmoid_flat(flat[a * 512:b * 512]), -(-flat.size // 512))
+    elif x.ndim == 2:
+        _split_rows(lambda a, b: K._sigmoid_inplace(x[a:b]), x.shape[0])
     else:
         K._sigmoid_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
 
@@ -98,7 +112,7 @@ def sinkhorn(logits: np.ndarray, iters: int = SINKHORN_ITERS) -> np.ndarray:
     (needle `_sinkhorn`); logits (rows, n, n) -> (rows, n, n) float32."""
     logits = np.ascontiguousarray(logits, np.float32)
     out = np.empty_like(logits)
-    K._sinkhorn_rows(logits, iters, out)  # numpy's reductions over axes of 4 lose to this loop
+    _split_rows(lambda a, b: K._sinkhorn_rows(logits[a:b], iters, out[a:b]), logits.shape[0])  # numpy's reductions over axes of 4 lose to this loop
     return out
 
 
@@ -141,13 +155,28 @@ def thread_pool():
     return _POOL
 
 
+_SPLIT = threading.local()  # .active: this thread is running one part of a split
+
+
 def run_split(fn: Callable[[int, int], object], total: int) -> None:
     """fn(a, b) over kernels.GEMM_THREADS contiguous ranges of range(total): the first on this
-    thread, the others on the shared pool (fn must release the GIL to gain anything)."""
+    thread, the others on the shared pool (fn must release the GIL to gain anything). A split
+    inside a part runs inline, so a pool worker never waits on the pool."""
+    if getattr(_SPLIT, "active", False) or total < 2:
+        fn(0, total)
+        return
     bounds = np.linspace(0, total, K.GEMM_THREADS + 1).astype(int)
-    jobs = [thread_pool().submit(fn, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+
+    def part(a: int, b: int) -> None:
+        _SPLIT.active = True
+        try:
+            fn(a, b)
+        finally:
+            _SPLIT.active = False
+
+    jobs = [thread_pool().submit(part, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
     try:
-        fn(bounds[0], bounds[1])
+        part(bounds[0], bounds[1])
     finally:
         for job in jobs:
             job.result()
@@ -349,6 +378,17 @@ class HadamardMLP:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = _f32_rows(x)
+        if K.GEMM_THREADS > 1 and x.shape[0] >= K.GEMM_SPLIT_ROWS:
+            out = np.empty((x.shape[0], self.width), np.float32)
+
+            def part(a: int, b: int) -> None:
+                out[a:b] = self._rows(x[a:b])
+
+            run_split(part, x.shape[0])
+            return out
+        return self._rows(x)
+
+    def _rows(self, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]
         cond = softmax(x @ self.cond_v) @ self.cond_u + np.float32(1.0)  # (rows, n)
         z = np.zeros((rows, self.n), np.float32)
@@ -422,13 +462,14 @@ class LaneMixer:
         z = self.phi[layer](nx)  # (rows, 2n + n^2)
         hpre = sigmoid(self.a_pre[layer] * z[:, :n] + self.b_pre[layer] + (8 * lane - 4))
         u = np.empty((rows, self.width), np.float32)
-        K._lane_combine(hpre, x, u)
+        _split_rows(lambda a, b: K._lane_combine(hpre[a:b], x[a:b], u[a:b]), rows)
         y = np.ascontiguousarray(block(u), dtype=np.float32) - u
         hpost = 2 * sigmoid(self.a_post[layer] * z[:, n:2 * n] + self.b_post[layer] - 4 * (1 - lane))
         logits = (self.a_res[layer] * z[:, 2 * n:]).reshape(rows, n, n) + self.b_res[layer]
         hres = sinkhorn(logits)
         out = np.empty_like(x)
-        K._lane_mix(hres, x, np.ascontiguousarray(hpost, np.float32), y, out)
+        hpost = np.ascontiguousarray(hpost, np.float32)
+        _split_rows(lambda a, b: K._lane_mix(hres[a:b], x[a:b], hpost[a:b], y[a:b], out[a:b]), rows)
         return out
 
     def collapse(self, x: np.ndarray) -> np.ndarray:
