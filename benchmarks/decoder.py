@@ -4,6 +4,7 @@ straightforward NumPy implementation of the same decoder, in the same run.
     python benchmarks/decoder.py                  # full architecture, shipped vocabulary
     python benchmarks/decoder.py --shape tiny --steps 10
     python benchmarks/decoder.py --model path.cact --vocab 0
+    python benchmarks/decoder.py --threads 2      # only the 2-thread engine (default: 1 and 2 in turn)
 
 The harness's full-architecture model has the test tokenizer's 519-row embedding; the shipped file
 has 8199 rows and the output head is the largest matrix of a step, so by default the head (and
@@ -31,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from whistle_stream import kernels  # noqa: E402
 from whistle_stream.container import CactFile, CQMatrix  # noqa: E402
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT, Decoder, sinusoids  # noqa: E402
 
@@ -242,7 +244,10 @@ def main() -> None:
     ap.add_argument("--beams", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per implementation")
     ap.add_argument("--tokens", type=int, default=100, help="tokens of the timed transcription")
+    ap.add_argument("--threads", default="1,2",
+                    help="comma-separated engine thread counts (kernels.set_threads), taken in turn per step")
     args = ap.parse_args()
+    settings = [int(t) for t in args.threads.split(",")]
 
     path = args.model
     if path is None:
@@ -278,10 +283,16 @@ def main() -> None:
         starts.append(time.perf_counter() - t0)
     print(f"engine start (cross K/V of every layer over {args.frames} frames): best {min(starts) * 1e3:.1f} ms")
 
-    times = {"engine": [], "numpy": []}
+    names = {t: f"engine {t}T" for t in settings}
+    times = {**{names[t]: [] for t in settings}, "numpy": []}
     agree = [np.abs(ours_first - theirs_first).max()]
     top1 = [bool((ours_first.argmax(1) == theirs_first.argmax(1)).all())]
-    for _ in range(args.steps):  # alternate so machine load hits both alike
+    for t in settings:  # warm each setting's pool
+        kernels.set_threads(t)
+        dec.logits(enc[:8], prompt[:3])
+    for i in range(args.steps):  # alternate so machine load hits every side alike
+        threads = settings[i % len(settings)]
+        kernels.set_threads(threads)
         parents = rng.integers(0, args.beams, args.beams)
         tokens = rng.integers(3, d.text_vocab, args.beams)
         t0 = time.perf_counter()
@@ -289,13 +300,13 @@ def main() -> None:
         t1 = time.perf_counter()
         b = base.step(parents, tokens)
         t2 = time.perf_counter()
-        times["engine"].append(t1 - t0)
+        times[names[threads]].append(t1 - t0)
         times["numpy"].append(t2 - t1)
         agree.append(np.abs(a - b).max())
         top1.append(bool((a.argmax(1) == b.argmax(1)).all()))
     for name, ts in times.items():
         ts = np.array(ts) * 1e3
-        print(f"{name:>6} 5-beam step at context {args.context}..{args.context + args.steps}: "
+        print(f"{name:>9} 5-beam step at context {args.context}..{args.context + args.steps}: "
               f"best {ts.min():.2f} ms, median {np.median(ts):.2f} ms")
     print(f"engine vs numpy logits: max |delta| {max(agree):.3g}, top-1 identical on "
           f"{sum(top1)}/{len(top1)} steps")
@@ -317,10 +328,14 @@ def main() -> None:
                 rows = args.beams
         return time.perf_counter() - t0
 
-    for name, impl in (("engine", dec), ("numpy", base)):
-        best = min(transcribe(impl) for _ in range(2 if impl is dec else 1))
-        print(f"{name:>6} 30 s transcription ({args.tokens} tokens, {args.beams} beams): {best:.2f} s, "
+    for threads in settings:
+        kernels.set_threads(threads)
+        best = min(transcribe(dec) for _ in range(2))
+        print(f"{names[threads]:>9} 30 s transcription ({args.tokens} tokens, {args.beams} beams): {best:.2f} s, "
               f"{args.tokens / best:.0f} tokens/s")
+    best = transcribe(base)
+    print(f"{'numpy':>9} 30 s transcription ({args.tokens} tokens, {args.beams} beams): {best:.2f} s, "
+          f"{args.tokens / best:.0f} tokens/s")
 
 
 if __name__ == "__main__":

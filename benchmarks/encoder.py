@@ -3,6 +3,7 @@
     python benchmarks/encoder.py                      # full architecture, 30 s espeak clip
     python benchmarks/encoder.py --shape tiny --repeats 10
     python benchmarks/encoder.py --model path.cact --no-reference
+    python benchmarks/encoder.py --threads 2          # only the 2-thread engine (default: 1 and 2)
 
 Both sides run the whole embed path (front end with level gain, stem, encoder) on the same clip,
 warm (JIT compiled, caches loaded), alternating so machine load hits both alike. Prints best and
@@ -24,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from whistle_stream import kernels  # noqa: E402
 from whistle_stream.container import CactFile  # noqa: E402
 from whistle_stream.encoder import Encoder  # noqa: E402
 
@@ -60,6 +62,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--threads", default="1,2",
+                    help="comma-separated engine thread counts to time (kernels.set_threads); JAX uses its own")
     ap.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -107,23 +111,34 @@ def main() -> None:
         cos = float((ours.ravel() @ ref.ravel()) / (np.linalg.norm(ours) * np.linalg.norm(ref)))
         print(f"frames: engine {len(ours)}, reference {len(ref)}; cosine over the clip {cos:.6f}")
 
-    t_ours, t_ref = [], []
-    for _ in range(args.repeats):
-        t_ours.append(timed(lambda: engine.embed(pcm)))
+    settings = [int(t) for t in args.threads.split(",")]
+    t_ours, t_ref = {t: [] for t in settings}, []
+    for threads in settings:  # compile / pool warm-up of every setting
+        kernels.set_threads(threads)
+        engine.embed(pcm)
+    for _ in range(args.repeats):  # interleaved so machine load hits every side alike
+        for threads in settings:
+            kernels.set_threads(threads)
+            t_ours[threads].append(timed(lambda: engine.embed(pcm)))
         if run_ref is not None:
             t_ref.append(timed(run_ref))
 
+    kernels.set_threads(settings[0])
     feats = engine.features(pcm)
     t_front = min(timed(lambda: engine.features(pcm)) for _ in range(3))
     t_stem = min(timed(lambda: engine.stem(feats)) for _ in range(3))
 
     print(f"audio: {len(pcm) / 16000:.2f} s, {len(ours)} encoder frames, model {path}")
-    print(f"engine   : best {min(t_ours):.3f} s, median {np.median(t_ours):.3f} s "
-          f"(front end {t_front * 1e3:.0f} ms, stem {t_stem * 1e3:.0f} ms)")
+    for threads, ts in t_ours.items():
+        print(f"engine, {threads} thread{'s' if threads > 1 else ''}: best {min(ts):.3f} s, "
+              f"median {np.median(ts):.3f} s")
+    print(f"  ({settings[0]} thread{'s' if settings[0] > 1 else ''}: front end {t_front * 1e3:.0f} ms, "
+          f"stem {t_stem * 1e3:.0f} ms)")
     if t_ref:
         print(f"reference: best {min(t_ref):.3f} s, median {np.median(t_ref):.3f} s (JAX, jitted, warm)")
-        print(f"ratio reference / engine: best {min(t_ref) / min(t_ours):.2f}x, "
-              f"median {np.median(t_ref) / np.median(t_ours):.2f}x")
+        for threads, ts in t_ours.items():
+            print(f"ratio reference / engine ({threads} thread{'s' if threads > 1 else ''}): "
+                  f"best {min(t_ref) / min(ts):.2f}x, median {np.median(t_ref) / np.median(ts):.2f}x")
     print(f"peak RSS: engine alone {rss_engine:.0f} MB (own process, no JAX), "
           f"this run with the reference {peak_rss_mb():.0f} MB")
 

@@ -341,6 +341,7 @@ class HadamardMLP:
         self.width = width
         self.d1, self.d2, self.b2, self.d3, self.d4 = (f[k] for k in ("d1", "d2", "b2", "d3", "d4"))
         self.cond_v, self.cond_u = f["cond_v"], f["cond_u"]  # (width, 8), (8, n)
+        self.cond_vt = np.ascontiguousarray(self.cond_v.T)  # (8, width): the decoder kernel's layout
         self.factors = [(f[f"w{s}a"], f[f"w{s}b"]) for s in (1, 2, 3)]
         self.p1 = np.asarray(p1).astype(np.int64)
         self.p2 = np.asarray(p2).astype(np.int64)

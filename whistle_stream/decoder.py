@@ -536,7 +536,7 @@ class Decoder:
 
         m = layer.mlp
         _hadamard_residual(x, layer.pre_hada, m.d1, m.d2, m.b2, m.d3, m.d4, *m.factors[0], *m.factors[1],
-                           *m.factors[2], m.cond_v, m.cond_u, m.p1, m.p2, self.hada_ident, NORM_EPS)
+                           *m.factors[2], m.cond_vt, m.cond_u, m.p1, m.p2, self.hada_ident, NORM_EPS)
         return x
 
 

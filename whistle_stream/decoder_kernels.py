@@ -517,16 +517,16 @@ def _kron_rows(z, a, b, perm, out):
 
 
 @_jit(GEMM_FASTMATH)
-def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, cond_v, cond_u,
+def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, cond_vt, cond_u,
                        p1, p2, ident, eps):
     """x += hadamard_mlp(zc_rmsnorm(x, pre)), in place (needle `HadamardMLP`, guide §6).
 
-    cond = 1 + softmax(h @ cond_v) @ cond_u; z = kron1(d1 * pad(h))[p1];
+    cond = 1 + softmax(h @ cond_v) @ cond_u (cond_vt = cond_v.T, contiguous); z = kron1(d1 * pad(h))[p1];
     z = kron2(silu(d2 * cond * z + b2))[p2]; out = (d4 * kron3(d3 * z))[:C]. ident = arange(n).
     """
     rows, width = x.shape
     n = d1.shape[0]
-    rank = cond_v.shape[1]
+    rank = cond_vt.shape[0]
     h = np.empty((rows, width), np.float32)
     _zc_rmsnorm_rows(x, pre, eps, h)
     z = np.zeros((rows, n), np.float32)
@@ -537,7 +537,7 @@ def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b,
         for m in range(rank):
             acc = np.float32(0.0)
             for c in range(width):
-                acc += h[r, c] * cond_v[c, m]
+                acc += h[r, c] * cond_vt[m, c]
             e[m] = acc
             top = max(top, acc)
         total = np.float32(0.0)
