@@ -14,7 +14,7 @@ $(BIN)/.installed-reference: $(BIN)/.installed
 	$(BIN)/pip install -q -e '.[test,reference]'
 	touch $@
 
-.PHONY: serve test test-fast install
+.PHONY: serve test test-fast install clean-jit
 install: $(BIN)/.installed
 
 serve: $(BIN)/.installed
@@ -25,3 +25,8 @@ test: $(BIN)/.installed-reference
 
 test-fast: $(BIN)/.installed-reference
 	$(BIN)/python -m pytest -q -m 'not slow'
+
+# Numba's on-disk cache is keyed by each kernel's own source file: a kernel inlined from another
+# module (kernels._exp_neg) does not invalidate its callers. Run this after editing kernels.
+clean-jit:
+	find whistle_stream -name '*.nbi' -delete -o -name '*.nbc' -delete
