@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import zlib
 
 import numpy as np
@@ -334,7 +333,8 @@ def test_result_is_a_search_result_with_aligned_logprobs():
     assert all(lp <= 0.0 for lp in got.token_logprobs)
 
 
-def test_a_five_beam_step_costs_well_under_a_millisecond_of_python():
+def test_a_long_five_beam_search_over_the_shipped_vocabulary_ends_by_cap_or_loop():
+    """(Its speed is measured by benchmarks/decoder.py's transcription figure, not timed here.)"""
     vocab, text = 8199, 8192
     rng = np.random.default_rng(0)
     table = rng.normal(0, 3, (64, vocab)).astype(np.float32)
@@ -347,12 +347,10 @@ def test_a_five_beam_step_costs_well_under_a_millisecond_of_python():
         return table[(tokens + steps) % 64]
 
     max_len = 200
-    t0 = time.perf_counter()
     got = beam_search(table[0], advance, first_tag=text, eos=2, max_len=max_len)
-    per_step = (time.perf_counter() - t0) / max(steps, 1)
     assert got.finished_by in ("cap", "loop")
     assert steps > 20
-    assert per_step < 2e-3, f"{per_step * 1e3:.2f} ms per 5-beam step"
+    assert len(got.tokens) <= max_len and all(t < text for t in got.tokens)
 
 
 @pytest.mark.parametrize("seed", range(4))
