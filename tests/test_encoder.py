@@ -199,6 +199,7 @@ def test_embed_split_over_two_threads_matches_the_reference_too(shaped, clips, m
     want = run_reference(pcm)
     monkeypatch.setattr(K, "GEMM_THREADS", 2)
     monkeypatch.setattr(K, "GEMM_SPLIT_ROWS", 8)
+    monkeypatch.setattr(K, "SPLIT_ELEMENTS", 1)
     got = engine.embed(pcm)
     assert got.shape == want.shape
     assert cosine(got.ravel(), want.ravel()) >= CLIP_COSINE

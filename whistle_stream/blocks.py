@@ -28,9 +28,10 @@ def _f32_rows(x: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- elementwise and row maps
 
 
-def _split_rows(fn: Callable[[int, int], object], rows: int) -> None:
-    """fn(a, b) over all rows: split over kernels.GEMM_THREADS threads when there are enough."""
-    if K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS:
+def _split_rows(fn: Callable[[int, int], object], rows: int, size: int) -> None:
+    """fn(a, b) over all rows: split over kernels.GEMM_THREADS threads when the map touches at least
+    kernels.SPLIT_ELEMENTS elements (a hand-off to the pool costs ~50-100 us here)."""
+    if K.GEMM_THREADS > 1 and rows >= 2 and size >= K.SPLIT_ELEMENTS:
         run_split(fn, rows)
     else:
         fn(0, rows)
@@ -44,7 +45,7 @@ def fake_quant_int8(x: np.ndarray) -> np.ndarray:
     """
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    _split_rows(lambda a, b: K._fake_quant_rows(x2[a:b], out[a:b]), x2.shape[0])
+    _split_rows(lambda a, b: K._fake_quant_rows(x2[a:b], out[a:b]), x2.shape[0], x2.size)
     return out.reshape(np.shape(x))
 
 
@@ -53,7 +54,7 @@ def zc_rmsnorm(x: np.ndarray, scale: np.ndarray, eps: float = NORM_EPS) -> np.nd
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
     scale = np.asarray(scale, np.float32)
-    _split_rows(lambda a, b: K._zc_rmsnorm_rows(x2[a:b], scale, eps, out[a:b]), x2.shape[0])
+    _split_rows(lambda a, b: K._zc_rmsnorm_rows(x2[a:b], scale, eps, out[a:b]), x2.shape[0], x2.size)
     return out.reshape(np.shape(x))
 
 
@@ -61,7 +62,7 @@ def rms_unit(x: np.ndarray, eps: float = NORM_EPS) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) over the last axis (needle `_rms_unit`)."""
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    _split_rows(lambda a, b: K._rms_unit_rows(x2[a:b], eps, out[a:b]), x2.shape[0])
+    _split_rows(lambda a, b: K._rms_unit_rows(x2[a:b], eps, out[a:b]), x2.shape[0], x2.size)
     return out.reshape(np.shape(x))
 
 
@@ -69,7 +70,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, max-subtracted, float32."""
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    _split_rows(lambda a, b: K._softmax_rows(x2[a:b], out[a:b]), x2.shape[0])
+    _split_rows(lambda a, b: K._softmax_rows(x2[a:b], out[a:b]), x2.shape[0], x2.size)
     return out.reshape(np.shape(x))
 
 
@@ -84,7 +85,7 @@ def silu_inplace(x: np.ndarray) -> None:
     """x <- x * sigmoid(x) for a float32 array (vectorised exp when C-contiguous)."""
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
-        _split_rows(lambda a, b: K._silu_flat(flat[a * 512:b * 512]), -(-flat.size // 512))
+        _split_rows(lambda a, b: K._silu_flat(flat[a * 512:b * 512]), -(-flat.size // 512), flat.size)
     else:
         K._silu_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
 
@@ -100,9 +101,9 @@ def sigmoid_inplace(x: np.ndarray) -> None:
     """x <- 1 / (1 + exp(-x)) for a float32 array of any strides (vectorised exp when C-contiguous)."""
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
-        _split_rows(lambda a, b: K._sigmoid_flat(flat[a * 512:b * 512]), -(-flat.size // 512))
+        _split_rows(lambda a, b: K._sigmoid_flat(flat[a * 512:b * 512]), -(-flat.size // 512), flat.size)
     elif x.ndim == 2:
-        _split_rows(lambda a, b: K._sigmoid_inplace(x[a:b]), x.shape[0])
+        _split_rows(lambda a, b: K._sigmoid_inplace(x[a:b]), x.shape[0], x.size)
     else:
         K._sigmoid_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
 
@@ -112,7 +113,8 @@ def sinkhorn(logits: np.ndarray, iters: int = SINKHORN_ITERS) -> np.ndarray:
     (needle `_sinkhorn`); logits (rows, n, n) -> (rows, n, n) float32."""
     logits = np.ascontiguousarray(logits, np.float32)
     out = np.empty_like(logits)
-    _split_rows(lambda a, b: K._sinkhorn_rows(logits[a:b], iters, out[a:b]), logits.shape[0])  # numpy's reductions over axes of 4 lose to this loop
+    _split_rows(lambda a, b: K._sinkhorn_rows(logits[a:b], iters, out[a:b]), logits.shape[0], 
+                logits.size * iters * 4)
     return out
 
 
@@ -165,7 +167,8 @@ def run_split(fn: Callable[[int, int], object], total: int) -> None:
     if getattr(_SPLIT, "active", False) or total < 2:
         fn(0, total)
         return
-    bounds = np.linspace(0, total, K.GEMM_THREADS + 1).astype(int)
+    parts = K.GEMM_THREADS
+    bounds = [total * i // parts for i in range(parts + 1)]
 
     def part(a: int, b: int) -> None:
         _SPLIT.active = True
@@ -463,14 +466,14 @@ class LaneMixer:
         z = self.phi[layer](nx)  # (rows, 2n + n^2)
         hpre = sigmoid(self.a_pre[layer] * z[:, :n] + self.b_pre[layer] + (8 * lane - 4))
         u = np.empty((rows, self.width), np.float32)
-        _split_rows(lambda a, b: K._lane_combine(hpre[a:b], x[a:b], u[a:b]), rows)
+        _split_rows(lambda a, b: K._lane_combine(hpre[a:b], x[a:b], u[a:b]), rows, x.size)
         y = np.ascontiguousarray(block(u), dtype=np.float32) - u
         hpost = 2 * sigmoid(self.a_post[layer] * z[:, n:2 * n] + self.b_post[layer] - 4 * (1 - lane))
         logits = (self.a_res[layer] * z[:, 2 * n:]).reshape(rows, n, n) + self.b_res[layer]
         hres = sinkhorn(logits)
         out = np.empty_like(x)
         hpost = np.ascontiguousarray(hpost, np.float32)
-        _split_rows(lambda a, b: K._lane_mix(hres[a:b], x[a:b], hpost[a:b], y[a:b], out[a:b]), rows)
+        _split_rows(lambda a, b: K._lane_mix(hres[a:b], x[a:b], hpost[a:b], y[a:b], out[a:b]), rows, x.size)
         return out
 
     def collapse(self, x: np.ndarray) -> np.ndarray:

@@ -34,7 +34,11 @@ BLAS_THREADS = 1
 # with set_threads() or the WHISTLE_THREADS environment variable for single-stream latency.
 GEMM_THREADS = 1
 GEMM_SPLIT_ROWS = 128  # below this many rows a product is not worth splitting
-SPLIT_WEIGHTS = 1 << 18  # a decoder step splits a matrix over threads from this many weights
+# A hand-off to the worker pool costs ~50-100 us on this machine: a decoder step's 5-row products
+# (150 us for 1120 x 512) got slower split, so only the largest (the 8199-row head) is split;
+# row maps are split from SPLIT_ELEMENTS elements (the stem's SiLU, the lane mixes).
+SPLIT_WEIGHTS = 1 << 22
+SPLIT_ELEMENTS = 1 << 18
 
 
 def set_threads(threads: int) -> None:
