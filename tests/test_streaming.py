@@ -228,3 +228,43 @@ def test_feeding_a_finished_stream_is_refused():
 def test_bad_step_is_refused():
     with pytest.raises(ValueError, match="step_s"):
         StreamSession(FakeModel(), step_s=0)
+
+
+def _speechlike(seconds: float, rng) -> np.ndarray:
+    return (0.1 * rng.standard_normal(int(seconds * RATE))).astype(np.float32)
+
+
+def test_last_pause_finds_the_newest_long_quiet_run():
+    from whistle_stream.streaming import last_pause
+
+    rng = np.random.default_rng(0)
+    gap = np.zeros(int(0.6 * RATE), np.float32)
+    audio = np.concatenate([_speechlike(2.0, rng), gap, _speechlike(0.5, rng)])
+    mid = last_pause(audio, RATE)
+    assert mid is not None and abs(mid - int(2.3 * RATE)) <= 320  # the middle of the gap
+    assert last_pause(audio, RATE, since=len(audio) - int(0.4 * RATE)) is None  # the gap ended before
+    short = np.concatenate([_speechlike(2.0, rng), np.zeros(int(0.3 * RATE), np.float32), _speechlike(0.5, rng)])
+    assert last_pause(short, RATE) is None  # 0.3 s is a breath, not a pause
+    trailing = np.concatenate([_speechlike(2.0, rng), gap])
+    assert abs(last_pause(trailing, RATE) - int(2.3 * RATE)) <= 320  # still open at the end
+    noisy = audio.copy()
+    noisy[int(2.0 * RATE):int(2.6 * RATE)] = 0.05 * rng.standard_normal(int(0.6 * RATE))  # 6 dB down
+    assert last_pause(noisy, RATE) is None
+    assert last_pause(np.zeros(RATE, np.float32), RATE) == RATE // 2  # digital silence is one pause
+
+
+def test_after_a_new_utterance_words_are_not_filtered_by_the_old_horizon():
+    from whistle_stream.commit import CommitPolicy, Word
+
+    policy = CommitPolicy()
+    first = [Word("set", 0.2, 0.5), Word("a", 0.5, 0.6), Word("timer.", 0.6, 1.4)]
+    policy.update(first)
+    policy.update(first)
+    assert [w.word for w in policy.committed] == ["set", "a", "timer."]
+    policy.new_utterance()
+    # The next utterance's buffer starts at the pause; a first word aligned a little early (its
+    # DTW start before the old horizon) is still new, and a re-heard "timer." is not committed twice.
+    second = [Word("timer.", 1.35, 1.45), Word("call", 1.38, 1.9), Word("laura.", 1.9, 2.4)]
+    policy.update(second)
+    got = policy.update(second)
+    assert [w.word for w in got.committed] == ["set", "a", "timer.", "call", "laura."]

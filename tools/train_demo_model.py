@@ -243,7 +243,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="whistle_stream/models/demo.cact")
     ap.add_argument("--data", default="work-data/demo", help="generated audio and manifests (not committed)")
     ap.add_argument("--clips", type=int, default=6000, help="training clips to synthesise")
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--vocab", type=int, default=512, help="sentencepiece pieces (incl. 256 byte pieces)")

@@ -3,8 +3,12 @@
 A pass runs each time another `step_s` of audio has been *received* (audio time, not arrival
 time) and sees exactly the audio up to that point, so the output does not depend on how the audio
 was chunked. Each pass re-transcribes the buffer with word times; `commit.CommitPolicy` commits the
-words two consecutive passes agree on. Audio before the committed words is dropped, so pass time
-does not grow with the length of the stream, and the buffer never exceeds `MAX_BUFFER_S`.
+words two consecutive passes agree on. The buffer starts at the current utterance: it is cut only
+at utterance boundaries (a pause once everything before it is committed, or a finalize), never in
+the middle of a sentence, so each pass hears whole sentences as the model was trained on them and
+re-reads the committed start of the current one (the policy sets those words aside by time). So pass
+time does not grow with the length of the stream, and the buffer never exceeds `MAX_BUFFER_S`
+(past it, the oldest words are committed by the long-audio cut rule and their audio dropped).
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ MAX_BUFFER_S = 30.0  # guide §8: one pass covers at most 30 s
 # Audio kept before the first uncommitted word when trimming: word edges are only known to one
 # encoder frame (80 ms), and a little left context keeps the first pending word's onset intact.
 TRIM_MARGIN_S = 0.24
-STABLE_PASSES_TO_FINALIZE = 2  # issue 7: silence finalizes a tail stable for two passes
+# A pause ends an utterance: PAUSE_S seconds of 20 ms frames all quieter than the buffer's speech
+# level (its 90th-percentile frame) by PAUSE_DB, in the newest step of audio. The words before it
+# are committed (the pass heard their whole utterance) and the buffer restarts at the pause.
+PAUSE_S = 0.45
+PAUSE_DB = 40.0
+PAUSE_FRAME = 320  # samples: 20 ms at 16 kHz
 
 
 class StreamSession:
@@ -55,7 +64,6 @@ class StreamSession:
         self._received = 0  # samples
         self._next_pass = self.step  # sample count at which the next pass runs
         self._pending: list[Word] = []
-        self._stable = 0  # passes the pending tail has not changed for
         self.passes = 0
         self.pass_seconds_total = 0.0
 
@@ -84,6 +92,7 @@ class StreamSession:
         if self._received > self._last_pass_end():
             self._pass_and_report(self._received, out)
         self._commit(self.policy.flush(), out)
+        self._cut_utterance(self._received)
         return self._finish_dict(out)
 
     def finish(self) -> dict:
@@ -137,17 +146,16 @@ class StreamSession:
                  for w in result["words"]]
         if result["language"] and not self.language:
             self.language = result["language"]  # detected on the first pass with speech, then held
-        if not result["speech"]:
-            # Silence gate (§8): no decode; whatever is pending is final.
-            if self._pending:
-                self._commit(self.policy.flush(), out)
-        else:
+        if result["speech"]:
             self._commit(self.policy.update(words), out)
-            tail = audio[-self.step:]
-            if self._pending and self._stable + 1 >= STABLE_PASSES_TO_FINALIZE \
-                    and not self.model.is_speech(tail):
-                # Speech has stopped and the tail did not change: finalize it now.
-                self._commit(self.policy.flush(), out)
+            gap = last_pause(audio, self.rate, len(audio) - self.step)
+        else:
+            gap = len(audio)  # silence gate (§8): the whole buffer is a pause
+        if gap is not None:
+            # An utterance ended at the pause: its words are final, and the buffer restarts there.
+            boundary = (self._buffer_start + gap) / self.rate
+            self._commit(self.policy.commit_through(boundary), out)
+            self._cut_utterance(self._buffer_start + gap - int(TRIM_MARGIN_S * self.rate))
         self._bound_buffer(end, out)
         elapsed = time.perf_counter() - t0
         self.pass_seconds_total += elapsed
@@ -156,7 +164,6 @@ class StreamSession:
     def _commit(self, result, out: dict) -> None:
         pending = list(result.pending)
         changed = bool(result.new) or _join(pending) != _join(self._pending)
-        self._stable = 0 if changed else self._stable + 1
         self._pending = pending
         if result.new:
             out["words"].extend(result.new)
@@ -164,7 +171,7 @@ class StreamSession:
             self.revision += 1
 
     def _bound_buffer(self, end: int, out: dict) -> None:
-        """Drop audio before the committed words; force a commit if the buffer would pass 30 s."""
+        """Force a commit if the buffer would pass 30 s (the long-audio cut rule picks the words)."""
         limit = int(MAX_BUFFER_S * self.rate)
         if end - self._buffer_start + self.step > limit and self._pending:
             origin = self._buffer_start / self.rate
@@ -173,17 +180,29 @@ class StreamSession:
                              for w in self._pending], window)
             through = origin + cut
             self._commit(self.policy.commit_through(through), out)
-        horizon = self.policy.committed_until_s
-        trim_s = horizon - TRIM_MARGIN_S if self._pending else horizon
-        if self._pending:
-            trim_s = min(trim_s, self._pending[0].start - TRIM_MARGIN_S)
-        trim = int(max(0.0, trim_s) * self.rate)
+            # The words through the cut are committed: the buffer restarts before the next one.
+            trim_s = self._pending[0].start - TRIM_MARGIN_S if self._pending else through
+            self._trim(int(max(0.0, trim_s) * self.rate), end)
         # Never keep more than 30 s minus one step: the oldest audio goes even if uncommitted.
-        trim = max(trim, end + self.step - limit)
+        self._trim(end + self.step - limit, end)
+
+    def _cut_utterance(self, at: int) -> None:
+        """The words before sample `at` are committed: the next utterance starts there (or at the
+        committed words' end, whichever is later). The audio before goes, and the policy stops
+        comparing new words with the committed ones by time (none is re-read; a re-heard tail
+        is still caught by the policy's repeat check)."""
+        horizon = int(round(self.policy.committed_until_s * self.rate))
+        if self._trim(max(horizon, at), self._received):
+            self.policy.new_utterance()
+
+    def _trim(self, trim: int, end: int) -> bool:
+        """Drop the buffer's audio before sample `trim` (at most up to `end`); True if any went."""
         trim = min(trim, end)
         if trim > self._buffer_start:
             self._buffer = self._buffer[trim - self._buffer_start:]
             self._buffer_start = trim
+            return True
+        return False
 
     def _finish_dict(self, out: dict, received: int | None = None) -> dict:
         words = out["words"]
@@ -197,6 +216,42 @@ class StreamSession:
             "pass_ms": round(out["pass_ms"], 3),
             "revision": self.revision,
         }
+
+
+def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PAUSE_S,
+               drop_db: float = PAUSE_DB) -> int | None:
+    """The sample at the middle of the last pause of `audio` that ends after sample `since`, or None.
+
+    A pause is a run of at least `pause_s` seconds of 20 ms frames all `drop_db` below the clip's
+    speech level (the 90th percentile of its frame RMS); in digital silence the whole clip is one.
+    A run still open at the clip's end counts from its start to the end."""
+    frame = PAUSE_FRAME * rate // 16000
+    n = len(audio) // frame
+    need = int(round(pause_s * rate / frame))
+    if n < need or need < 1:
+        return None
+    head = len(audio) - n * frame  # frames are aligned to the clip's end
+    frames = np.asarray(audio[head:], np.float32).reshape(n, frame)
+    rms = np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
+    level = float(np.percentile(rms, 90))
+    quiet = rms <= level * 10.0 ** (-drop_db / 20.0) if level > 0.0 else np.ones(n, bool)
+    run_end = n
+    k = n - 1
+    while k >= 0:
+        if not quiet[k]:
+            run_end = k
+            k -= 1
+            continue
+        start = k
+        while start > 0 and quiet[start - 1]:
+            start -= 1
+        if run_end - start >= need and head + run_end * frame > since:
+            return head + (start + run_end) * frame // 2
+        if head + run_end * frame <= since:
+            return None
+        run_end = start
+        k = start - 1
+    return None
 
 
 def _join(words: Iterable[Word]) -> str:
