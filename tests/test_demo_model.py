@@ -26,12 +26,13 @@ TEST_CLIPS = 200
 
 pytestmark = pytest.mark.slow
 
-# The bundled demo model is under-trained: trained from scratch on this 2-vCPU machine for 1,400
-# steps it has only begun to listen (held-out WER 57% greedy, see docs/demo-model.md), and its
-# hypotheses change from pass to pass, which also delays commits. These acceptance lines of issues
-# 5, 6 and 7 stay open until a better model ships; the tests run, print their numbers, and turn
-# into passes when the model reaches them.
-WEAK_DEMO = pytest.mark.xfail(reason="the demo model is under-trained (held-out WER ~57%)", strict=False)
+# The bundled demo model is too weak for some acceptance lines of issues 5, 6 and 7: trained from
+# scratch on this 2-vCPU machine in ~1 hour it reaches held-out WER ~15% (see docs/demo-model.md),
+# knows single sentences of a few seconds only (no 30 s windows of several sentences) and answers a
+# partial sentence with a whole made-up one. Those lines stay open until a better model ships; the
+# tests run, print their numbers, and turn into passes when the model reaches them.
+WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER ~15%, single sentences only)",
+                              strict=False)
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +224,6 @@ def test_streaming_output_is_identical_for_every_chunk_size(demo):
         assert passes == first, chunk_ms
 
 
-@WEAK_DEMO
 def test_median_commit_latency_is_at_most_two_seconds_of_audio(demo):
     audio, _ = _stream_of(20, seed=7)
     session = demo.open_stream()
