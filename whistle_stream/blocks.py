@@ -85,9 +85,9 @@ def silu_inplace(x: np.ndarray) -> None:
     """x <- x * sigmoid(x) for a float32 array (vectorised exp when C-contiguous)."""
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
-        _split_rows(lambda a, b: K._silu_flat(flat[a * 512:b * 512]), -(-flat.size // 512), flat.size)
+        _split_rows(lambda a, b: K._logistic_flat(flat[a * 512:b * 512], True), -(-flat.size // 512), flat.size)
     else:
-        K._silu_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
+        K._logistic_rows(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1), True)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -101,11 +101,11 @@ def sigmoid_inplace(x: np.ndarray) -> None:
     """x <- 1 / (1 + exp(-x)) for a float32 array of any strides (vectorised exp when C-contiguous)."""
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
-        _split_rows(lambda a, b: K._sigmoid_flat(flat[a * 512:b * 512]), -(-flat.size // 512), flat.size)
+        _split_rows(lambda a, b: K._logistic_flat(flat[a * 512:b * 512], False), -(-flat.size // 512), flat.size)
     elif x.ndim == 2:
-        _split_rows(lambda a, b: K._sigmoid_inplace(x[a:b]), x.shape[0], x.size)
+        _split_rows(lambda a, b: K._logistic_rows(x[a:b], False), x.shape[0], x.size)
     else:
-        K._sigmoid_inplace(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
+        K._logistic_rows(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1), False)
 
 
 def sinkhorn(logits: np.ndarray, iters: int = SINKHORN_ITERS) -> np.ndarray:

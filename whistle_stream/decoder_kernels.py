@@ -12,8 +12,8 @@ import numpy as np
 from numba import njit
 
 from .kernels import (
-    GEMM_FASTMATH, JIT_OPTIONS, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _lane_combine, _lane_mix, _rms_unit_rows,
-    _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
+    GEMM_FASTMATH, JIT_OPTIONS, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale, _lane_combine,
+    _lane_mix, _rms_unit_rows, _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
 )
 
 
@@ -116,11 +116,7 @@ def _quant_codes(x, codes, scales):
     lo = np.float32(-128.0)
     for r in range(rows):
         xr = x[r]
-        amax = np.float32(0.0)
-        for k in range(d):
-            a = abs(xr[k])
-            amax = a if a > amax else amax
-        scale = amax / hi if amax > 0 else np.float32(1.0)
+        scale = _int8_scale(xr)
         scales[r] = scale
         for k in range(d):
             c = np.rint(xr[k] / scale)

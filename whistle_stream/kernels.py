@@ -211,6 +211,16 @@ def _levels_gemm(xr, codes, gscale, group, out):
 # ---------------------------------------------------------------- row-wise maps
 
 
+@njit(inline="always", **JIT_OPTIONS)
+def _int8_scale(xr):
+    """The symmetric int8 scale of a vector: absmax / 127, or 1 when it is all zero."""
+    amax = np.float32(0.0)
+    for k in range(xr.shape[0]):
+        a = abs(xr[k])
+        amax = a if a > amax else amax
+    return amax / np.float32(INT8_MAX) if amax > 0 else np.float32(1.0)
+
+
 @_jit()
 def _fake_quant_rows(x, out):
     """Symmetric int8 fake-quant of each row (quantize.fake_quant with group = row length).
@@ -224,11 +234,7 @@ def _fake_quant_rows(x, out):
     for r in range(rows):
         xr = x[r]
         o = out[r]
-        amax = np.float32(0.0)
-        for k in range(d):
-            a = abs(xr[k])
-            amax = a if a > amax else amax
-        scale = amax / hi if amax > 0 else np.float32(1.0)
+        scale = _int8_scale(xr)
         for k in range(d):
             q = np.rint(xr[k] / scale)
             q = hi if q > hi else q
@@ -394,63 +400,34 @@ EXP_CHUNK = 2048  # elements per pass of the vectorised exp (scratch stays in L1
 
 
 @_jit()
-def _silu_flat(x):
-    """x <- x / (1 + exp(-x)) for a flat float32 array, with the vectorised `_exp_neg`."""
+def _logistic_flat(x, times_x):
+    """x <- (x if times_x else 1) / (1 + exp(-x)) over a flat float32 array: SiLU or sigmoid,
+    with the vectorised `_exp_neg` a chunk at a time."""
     n = x.shape[0]
     e = np.empty(EXP_CHUNK, np.float32)
     bits = np.empty(EXP_CHUNK, np.int32)
+    one = np.float32(1.0)
     for a in range(0, n, EXP_CHUNK):
         m = min(EXP_CHUNK, n - a)
         xs = x[a:a + m]
         for i in range(m):
             e[i] = -xs[i]
         _exp_neg(e, e, bits, m)
-        for i in range(m):
-            xs[i] = xs[i] / (np.float32(1.0) + e[i])
+        if times_x:
+            for i in range(m):
+                xs[i] = xs[i] / (one + e[i])
+        else:
+            for i in range(m):
+                xs[i] = one / (one + e[i])
 
 
 @_jit()
-def _sigmoid_flat(x):
-    """x <- 1 / (1 + exp(-x)) for a flat float32 array, with the vectorised `_exp_neg`."""
-    n = x.shape[0]
-    e = np.empty(EXP_CHUNK, np.float32)
-    bits = np.empty(EXP_CHUNK, np.int32)
-    for a in range(0, n, EXP_CHUNK):
-        m = min(EXP_CHUNK, n - a)
-        xs = x[a:a + m]
-        for i in range(m):
-            e[i] = -xs[i]
-        _exp_neg(e, e, bits, m)
-        for i in range(m):
-            xs[i] = np.float32(1.0) / (np.float32(1.0) + e[i])
-
-
-@_jit()
-def _silu_inplace(x):
-    """x <- x * sigmoid(x) for a 2-D array of any strides (a row at a time through scratch)."""
-    cols = x.shape[1]
-    e = np.empty(cols, np.float32)
-    bits = np.empty(cols, np.int32)
+def _logistic_rows(x, times_x):
+    """`_logistic_flat` for a 2-D array of any strides, a row at a time through scratch."""
     for r in range(x.shape[0]):
-        for c in range(cols):
-            e[c] = -x[r, c]
-        _exp_neg(e, e, bits, cols)
-        for c in range(cols):
-            x[r, c] = x[r, c] / (np.float32(1.0) + e[c])
-
-
-@_jit()
-def _sigmoid_inplace(x):
-    """x <- 1 / (1 + exp(-x)) for a 2-D array of any strides (a row at a time through scratch)."""
-    cols = x.shape[1]
-    e = np.empty(cols, np.float32)
-    bits = np.empty(cols, np.int32)
-    for r in range(x.shape[0]):
-        for c in range(cols):
-            e[c] = -x[r, c]
-        _exp_neg(e, e, bits, cols)
-        for c in range(cols):
-            x[r, c] = np.float32(1.0) / (np.float32(1.0) + e[c])
+        row = np.ascontiguousarray(x[r])
+        _logistic_flat(row, times_x)
+        x[r] = row
 
 
 # ---------------------------------------------------------------- mHC lanes
