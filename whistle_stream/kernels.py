@@ -50,14 +50,17 @@ def set_threads(threads: int) -> None:
 
 
 def _threads_from_env() -> None:
+    """WHISTLE_THREADS, if set; a bad value is reported and ignored (one thread), not raised at import."""
     import os
+    import warnings
 
     raw = os.environ.get("WHISTLE_THREADS", "").strip()
     if raw:
         try:
             set_threads(int(raw))
         except ValueError:
-            raise ValueError(f"WHISTLE_THREADS must be an integer from 1 to 64, got {raw!r}") from None
+            warnings.warn(f"WHISTLE_THREADS must be an integer from 1 to 64, got {raw!r}; using "
+                          f"{GEMM_THREADS} thread(s)", RuntimeWarning, stacklevel=2)
 
 
 def set_blas_threads(threads: int = BLAS_THREADS) -> bool:
