@@ -225,13 +225,13 @@ def test_streaming_output_is_identical_for_every_chunk_size(demo):
 
 
 def test_median_commit_latency_is_at_most_two_seconds_of_audio(demo):
-    audio, _ = _stream_of(20, seed=7)
-    session = demo.open_stream()
-    latency = []
-    for i in range(0, len(audio), RATE):
-        d = session.feed(audio[i:i + RATE])
-        latency += [d["received"] - w["end"] for w in d["words"]]
-    assert latency
+    """Issue 7's target, on the stream benchmarks/streaming.py reports (40 held-out sentences)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from streaming import build_stream, run_stream
+
+    audio, _ = build_stream(40)
+    _, latency, _, _ = run_stream(demo, audio)
+    assert len(latency) >= 150
     print(f"commit latency p50 {np.median(latency):.2f} s, p95 {np.percentile(latency, 95):.2f} s (audio time)")
     assert float(np.median(latency)) <= 2.0, np.percentile(latency, [50, 95])
 
