@@ -223,64 +223,62 @@ def _gather_levels(codes, norms, codebook, rows, group, out):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _rows_dot_group(xr, buf, base, group, s, out, n):
-    """out[r, n] += s * (buf . xr[r, base:base+group]) for every row, five rows per pass so each
-    level in `buf` is loaded once for five multiply-adds."""
-    rows = xr.shape[0]
-    r = 0
-    while r + 5 <= rows:
-        x0 = xr[r, base:base + group]
-        x1 = xr[r + 1, base:base + group]
-        x2 = xr[r + 2, base:base + group]
-        x3 = xr[r + 3, base:base + group]
-        x4 = xr[r + 4, base:base + group]
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        a4 = np.float32(0.0)
-        for k in range(group):
-            b = buf[k]
-            a0 += b * x0[k]
-            a1 += b * x1[k]
-            a2 += b * x2[k]
-            a3 += b * x3[k]
-            a4 += b * x4[k]
-        out[r, n] += a0 * s
-        out[r + 1, n] += a1 * s
-        out[r + 2, n] += a2 * s
-        out[r + 3, n] += a3 * s
-        out[r + 4, n] += a4 * s
-        r += 5
-    while r < rows:
-        xg = xr[r, base:base + group]
-        a0 = np.float32(0.0)
-        for k in range(group):
-            a0 += buf[k] * xg[k]
-        out[r, n] += a0 * s
-        r += 1
+def _level2(c, l0, l1, l2, l3):
+    """The level of a 2-bit code as a select chain (vectorises; no table lookup)."""
+    v = l0
+    v = l1 if c == 1 else v
+    v = l2 if c == 2 else v
+    return l3 if c == 3 else v
 
 
 @_jit(GEMM_FASTMATH)
 def _levels_rows(xr, levels, gscale, group, out):
-    """A few rows times int16 level codes in the rotated domain (decoder beams).
+    """A few rows times int16 level codes in the rotated domain (decoder beams, the CQ4 head).
 
     out[r, n] = sum_g gscale[n, g] * (levels[n, g] . xr[r, g]); xr (R, K_pad) rotated activations,
-    levels (N, K_pad) int16, gscale (N, K_pad // group) float32. Each code group is widened to
-    float32 once and reused by every row.
+    levels (N, K_pad) int16, gscale (N, K_pad // group) float32. Rows go five at a time: each
+    level is widened to float32 in a register and used for five multiply-adds (no scratch pass).
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
-    buf = np.empty(group, np.float32)
-    for n in range(levels.shape[0]):
-        ln = levels[n]
-        for r in range(rows):
-            out[r, n] = 0.0
-        for g in range(groups):
-            base = g * group
-            for k in range(group):
-                buf[k] = ln[base + k]
-            _rows_dot_group(xr, buf, base, group, gscale[n, g], out, n)
+    for r in range(0, rows - 4, 5):
+        for n in range(levels.shape[0]):
+            ln = levels[n]
+            s0 = s1 = s2 = s3 = s4 = np.float32(0.0)
+            for g in range(groups):
+                base = g * group
+                c = ln[base:base + group]
+                x0, x1, x2 = xr[r, base:base + group], xr[r + 1, base:base + group], xr[r + 2, base:base + group]
+                x3, x4 = xr[r + 3, base:base + group], xr[r + 4, base:base + group]
+                a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
+                for k in range(group):
+                    v = np.float32(c[k])
+                    a0 += v * x0[k]
+                    a1 += v * x1[k]
+                    a2 += v * x2[k]
+                    a3 += v * x3[k]
+                    a4 += v * x4[k]
+                m = gscale[n, g]
+                s0 += a0 * m
+                s1 += a1 * m
+                s2 += a2 * m
+                s3 += a3 * m
+                s4 += a4 * m
+            out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = s0, s1, s2, s3, s4
+    for r in range(rows - rows % 5, rows):
+        for n in range(levels.shape[0]):
+            ln = levels[n]
+            s0 = np.float32(0.0)
+            for g in range(groups):
+                base = g * group
+                c = ln[base:base + group]
+                x0 = xr[r, base:base + group]
+                a0 = np.float32(0.0)
+                for k in range(group):
+                    v = np.float32(c[k])
+                    a0 += v * x0[k]
+                s0 += a0 * gscale[n, g]
+            out[r, n] = s0
 
 
 @_jit(GEMM_FASTMATH)
@@ -289,27 +287,51 @@ def _codes2_rows(xr, codes, norms, levels, group, out):
 
     out[r, n] = sum_g norms[n, g] * (levels[codes[n, g]] . xr[r, g]); xr (R, K_pad) rotated
     activations, codes (N, K_pad) uint8 in 0..3, norms (N, K_pad // group) float32, levels (4,) the
-    unit codebook. Each code group becomes exact float32 levels once (a vectorised select chain,
-    one byte read per weight) and is reused by every row.
+    unit codebook. Rows go five at a time: each code becomes its exact float32 level in a register
+    (a vectorised select chain, one byte read per weight) used for five multiply-adds.
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
-    buf = np.empty(group, np.float32)
     l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
-    for n in range(codes.shape[0]):
-        cn = codes[n]
-        for r in range(rows):
-            out[r, n] = 0.0
-        for g in range(groups):
-            base = g * group
-            for k in range(group):
-                c = cn[base + k]
-                v = l0
-                v = l1 if c == 1 else v
-                v = l2 if c == 2 else v
-                v = l3 if c == 3 else v
-                buf[k] = v
-            _rows_dot_group(xr, buf, base, group, norms[n, g], out, n)
+    buf = np.empty(group, np.float32)
+    for r in range(0, rows - 4, 5):
+        for n in range(codes.shape[0]):
+            cn = codes[n]
+            s0 = s1 = s2 = s3 = s4 = np.float32(0.0)
+            for g in range(groups):
+                base = g * group
+                c = cn[base:base + group]
+                x0, x1, x2 = xr[r, base:base + group], xr[r + 1, base:base + group], xr[r + 2, base:base + group]
+                x3, x4 = xr[r + 3, base:base + group], xr[r + 4, base:base + group]
+                a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
+                for k in range(group):
+                    v = _level2(c[k], l0, l1, l2, l3)
+                    a0 += v * x0[k]
+                    a1 += v * x1[k]
+                    a2 += v * x2[k]
+                    a3 += v * x3[k]
+                    a4 += v * x4[k]
+                m = norms[n, g]
+                s0 += a0 * m
+                s1 += a1 * m
+                s2 += a2 * m
+                s3 += a3 * m
+                s4 += a4 * m
+            out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = s0, s1, s2, s3, s4
+    for r in range(rows - rows % 5, rows):
+        for n in range(codes.shape[0]):
+            cn = codes[n]
+            s0 = np.float32(0.0)
+            for g in range(groups):
+                base = g * group
+                for k in range(group):
+                    buf[k] = _level2(cn[base + k], l0, l1, l2, l3)
+                x0 = xr[r, base:base + group]
+                a0 = np.float32(0.0)
+                for k in range(group):
+                    a0 += buf[k] * x0[k]
+                s0 += a0 * norms[n, g]
+            out[r, n] = s0
 
 
 # ---------------------------------------------------------------- fused stages of a decoder step
