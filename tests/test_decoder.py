@@ -109,9 +109,9 @@ def test_memory_attention_and_its_weights():
     v = rng.standard_normal((F, H, dv)).astype(np.float32)
     v[4, 1] = 0.0  # an all-zero vector quantises with scale 1
     kq, vq = fake_quant_int8(k), fake_quant_int8(v)
-    (kc, ks), (vc, vs) = _memory_codes(k), _memory_codes(v)
-    assert kc.dtype == np.int8 and kc.shape == (H, dq, F) and ks.shape == (H, F)
-    np.testing.assert_array_equal(kc.astype(np.float32) * ks[:, None, :], kq.transpose(1, 2, 0))
+    (kc, ks), (vc, vs) = _memory_codes(k, frames_last=False), _memory_codes(v)
+    assert kc.dtype == np.int8 and kc.shape == (H, F, dq) and ks.shape == (H, F)
+    np.testing.assert_array_equal(kc.astype(np.float32) * ks[:, :, None], kq.transpose(1, 0, 2))
     np.testing.assert_array_equal(vc.astype(np.float32) * vs[:, None, :], vq.transpose(1, 2, 0))
     weights = np.empty((R, H, F), np.float32)
     out = np.empty((R, H, dv), np.float32)

@@ -87,14 +87,16 @@ def _sigmoid_scalar(x: np.ndarray) -> np.float32:
     return np.float32(1.0) / (np.float32(1.0) + np.exp(-v))
 
 
-def _memory_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _memory_codes(x: np.ndarray, frames_last: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Cross-attention K or V (frames, heads, d), int8-quantised per head vector like
-    quantize.maybe_quant_kv, as (codes (heads, d, frames) int8, scales (heads, frames) float32)."""
+    quantize.maybe_quant_kv, as (codes int8, scales (heads, frames) float32); codes are
+    (heads, d, frames) with frames_last (V), else (heads, frames, d) (K)."""
     frames, heads, dim = x.shape
     codes = np.empty((frames * heads, dim), np.int8)
     scales = np.empty(frames * heads, np.float32)
     _quant_codes(np.ascontiguousarray(x, np.float32).reshape(-1, dim), codes, scales)
-    return (np.ascontiguousarray(codes.reshape(frames, heads, dim).transpose(1, 2, 0)),
+    order = (1, 2, 0) if frames_last else (1, 0, 2)
+    return (np.ascontiguousarray(codes.reshape(frames, heads, dim).transpose(order)),
             np.ascontiguousarray(scales.reshape(frames, heads).T))
 
 
@@ -245,7 +247,7 @@ class DecoderState:
     capacity: int  # most beam rows
     rows: int
     position: int
-    cross_k: list  # per kept layer (int8 codes (heads, qk_dim, frames), scales (heads, frames))
+    cross_k: list  # per kept layer (int8 codes (heads, frames, qk_dim), scales (heads, frames))
     cross_v: list  # per kept layer (int8 codes (heads, v_dim, frames), scales (heads, frames))
     k_pool: list  # per kept layer (max_tokens, capacity, kv_heads, qk_dim)
     v_pool: list  # per kept layer (max_tokens, capacity, kv_heads, v_dim)
@@ -314,7 +316,7 @@ class Decoder:
         for layer in self.layers:
             k = B.zc_rmsnorm(layer.ck(mem).reshape(frames, d.heads, d.qk_dim), layer.ck_norm)
             v = layer.cv(mem).reshape(frames, d.heads, d.v_dim)
-            cross_k.append(_memory_codes(k))
+            cross_k.append(_memory_codes(k, frames_last=False))
             cross_v.append(_memory_codes(v))
         cap, T = int(beams), d.max_tokens
         depth = max(d.taps - 1, 0)

@@ -74,6 +74,8 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
     dv = v_pool.shape[3]
     group = heads // kv_heads
     qs = np.empty(dq, np.float32)
+    shifted = np.empty(scores.shape[0], np.float32)
+    bits = np.empty(scores.shape[0], np.int32)
     for b in range(n_rows):
         for i in range(n_new):
             p = start + i
@@ -91,16 +93,18 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
                     scores[s] = acc
                     if acc > top:
                         top = acc
+                for s in range(p + 1):
+                    shifted[s] = scores[s] - top
+                _exp_neg(shifted, scores, bits, p + 1)
                 total = np.float32(0.0)
                 for s in range(p + 1):
-                    e = np.exp(scores[s] - top)
-                    scores[s] = e
-                    total += e
+                    total += scores[s]
+                inv = np.float32(1.0) / total
                 o = out[b, i, h]
                 for d in range(dv):
                     o[d] = 0.0
                 for s in range(p + 1):
-                    w = scores[s] / total
+                    w = scores[s] * inv
                     vr = v_pool[s, anc[b, s], g]
                     for d in range(dv):
                         o[d] += w * vr[d]
@@ -131,31 +135,48 @@ def _attend_memory(q, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, 
 
     The memory is int8 as the reference fake-quantises it (per head and frame): K = k_codes *
     k_scale, V = v_codes * v_scale, a quarter of the bytes of float32 (the step reads all of it).
-    q (R, H, dq) fake-quantised; k_codes (H, dq, F) and v_codes (H, dv, F) int8, frames last so
-    both products run along contiguous frames; k_scale, v_scale (H, F); weights (R, H, F)
-    receives the softmax weights (word timestamps read them); out (R, H, dv). The value product
-    takes the rows five at a time, so each value row is read once per five dot products.
+    q (R, H, dq) fake-quantised; k_codes (H, F, dq) int8 (a key vector per frame) and v_codes
+    (H, dv, F) int8 (frames last); k_scale, v_scale (H, F); weights (R, H, F) receives the softmax
+    weights (word timestamps read them); out (R, H, dv). Both products take the rows five at a
+    time, so each key and value row is read once per five dot products.
     """
     n_rows, heads, dq = q.shape
-    frames = k_codes.shape[2]
+    frames = k_codes.shape[1]
     dv = v_codes.shape[1]
     shifted = np.empty(frames, np.float32)
     bits = np.empty(frames, np.int32)
     scaled = np.empty((5, frames), np.float32)
+    qs = np.empty((5, dq), np.float32)
+    for h in range(heads):
+        ks = k_scale[h]
+        for r0 in range(0, n_rows, 5):
+            block = min(5, n_rows - r0)
+            for i in range(5):  # rows past the block end read as zeros
+                for d in range(dq):
+                    qs[i, d] = q[r0 + i, h, d] * q_scale if i < block else np.float32(0.0)
+            q0, q1, q2, q3, q4 = qs[0], qs[1], qs[2], qs[3], qs[4]
+            for f in range(frames):  # each key row read once for five dot products
+                kf = k_codes[h, f]
+                a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
+                for d in range(dq):
+                    kv = np.float32(kf[d])
+                    a0 += q0[d] * kv
+                    a1 += q1[d] * kv
+                    a2 += q2[d] * kv
+                    a3 += q3[d] * kv
+                    a4 += q4[d] * kv
+                scale = ks[f] * logit_scale
+                scaled[0, f], scaled[1, f], scaled[2, f] = a0 * scale, a1 * scale, a2 * scale
+                scaled[3, f], scaled[4, f] = a3 * scale, a4 * scale
+            for i in range(block):
+                w = weights[r0 + i, h]
+                for f in range(frames):
+                    w[f] = scaled[i, f]
     for r in range(n_rows):
         for h in range(heads):
             w = weights[r, h]
-            for f in range(frames):
-                w[f] = 0.0
-            for d in range(dq):
-                qd = q[r, h, d] * q_scale
-                kd = k_codes[h, d]
-                for f in range(frames):
-                    w[f] += qd * np.float32(kd[f])
-            ks = k_scale[h]
             top = np.float32(-np.inf)
             for f in range(frames):
-                w[f] *= ks[f] * logit_scale
                 top = max(top, w[f])
             for f in range(frames):
                 shifted[f] = w[f] - top
@@ -168,45 +189,31 @@ def _attend_memory(q, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, 
                 w[f] = w[f] * inv
     for h in range(heads):
         vs = v_scale[h]
-        r = 0
-        while r < n_rows:
-            block = min(5, n_rows - r)
-            for i in range(block):
-                wi = weights[r + i, h]
+        for r0 in range(0, n_rows, 5):
+            block = min(5, n_rows - r0)
+            for i in range(5):  # rows past the block end weigh nothing
                 si = scaled[i]
-                for f in range(frames):
-                    si[f] = wi[f] * vs[f]
-            if block == 5:
-                w0, w1, w2, w3, w4 = scaled[0], scaled[1], scaled[2], scaled[3], scaled[4]
-                for d in range(dv):
-                    vd = v_codes[h, d]
-                    a0 = np.float32(0.0)
-                    a1 = np.float32(0.0)
-                    a2 = np.float32(0.0)
-                    a3 = np.float32(0.0)
-                    a4 = np.float32(0.0)
+                if i < block:
+                    wi = weights[r0 + i, h]
                     for f in range(frames):
-                        v = np.float32(vd[f])
-                        a0 += w0[f] * v
-                        a1 += w1[f] * v
-                        a2 += w2[f] * v
-                        a3 += w3[f] * v
-                        a4 += w4[f] * v
-                    out[r, h, d] = a0
-                    out[r + 1, h, d] = a1
-                    out[r + 2, h, d] = a2
-                    out[r + 3, h, d] = a3
-                    out[r + 4, h, d] = a4
-            else:
+                        si[f] = wi[f] * vs[f]
+                else:
+                    for f in range(frames):
+                        si[f] = 0.0
+            w0, w1, w2, w3, w4 = scaled[0], scaled[1], scaled[2], scaled[3], scaled[4]
+            for d in range(dv):
+                vd = v_codes[h, d]
+                a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
+                for f in range(frames):
+                    v = np.float32(vd[f])
+                    a0 += w0[f] * v
+                    a1 += w1[f] * v
+                    a2 += w2[f] * v
+                    a3 += w3[f] * v
+                    a4 += w4[f] * v
+                acc = (a0, a1, a2, a3, a4)
                 for i in range(block):
-                    wi = scaled[i]
-                    for d in range(dv):
-                        vd = v_codes[h, d]
-                        a0 = np.float32(0.0)
-                        for f in range(frames):
-                            a0 += wi[f] * np.float32(vd[f])
-                        out[r + i, h, d] = a0
-            r += block
+                    out[r0 + i, h, d] = acc[i]
 
 
 @_jit()
