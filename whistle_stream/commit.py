@@ -19,7 +19,6 @@ from .search import LOOP_MAX_UNIT, LOOP_REPEATS, cut_loop, find_loop
 _EPS = 1e-6
 REPEAT_WINDOW_S = 0.25  # DTW word times shift by a frame or two (80 ms each) between passes
 REPEAT_WORDS = 5  # the longest committed tail a new pass is checked for repeating
-AGREE_PASSES = 2  # a word is committed once this many consecutive passes agree on it
 
 
 @dataclass(frozen=True)
@@ -78,14 +77,10 @@ class CommitPolicy:
     """
 
     def __init__(self, *, repeat_words: int = REPEAT_WORDS, repeat_window_s: float = REPEAT_WINDOW_S,
-                 loop_max_unit: int = LOOP_MAX_UNIT, loop_repeats: int = LOOP_REPEATS,
-                 agree_passes: int = AGREE_PASSES):
-        if not isinstance(agree_passes, int) or agree_passes < 1:
-            raise ValueError(f"agree_passes must be a positive integer, got {agree_passes!r}")
-        self.agree_passes = agree_passes
+                 loop_max_unit: int = LOOP_MAX_UNIT, loop_repeats: int = LOOP_REPEATS):
         self._committed: list[Word] = []
         self._since = 0  # committed words before this index belong to audio no pass re-reads
-        self._history: list[list[Word]] = []  # the last agree_passes - 1 hypotheses
+        self._previous: list[Word] = []
         self._pending: list[Word] = []
         self.repeat_words = repeat_words
         self.repeat_window_s = repeat_window_s
@@ -106,29 +101,27 @@ class CommitPolicy:
         and the previous pass agree on beyond the committed words."""
         current = [Word.coerce(w) for w in words]
         tail = self._beyond_committed(current)
-        agree = len(tail) if len(self._history) + 1 >= self.agree_passes else 0
-        for past in self._history[-(self.agree_passes - 1):] if self.agree_passes > 1 else []:
-            before = self._beyond_committed(past)
-            k = 0
-            while k < min(agree, len(before)) and normalise(tail[k].word) == normalise(before[k].word):
-                k += 1
-            agree = k
+        before = self._beyond_committed(self._previous)
+        agree = 0
+        while agree < min(len(tail), len(before)) and \
+                normalise(tail[agree].word) == normalise(before[agree].word):
+            agree += 1
         new = self._commit(tail[:agree])
         self._pending = tail[agree:]
-        self._history = (self._history + [current])[-max(1, self.agree_passes - 1):]
+        self._previous = current
         return CommitResult(committed=self.committed, pending=list(self._pending), new=new)
 
     def flush(self) -> CommitResult:
         """Commit everything pending (end of stream or of an utterance) and forget the last pass."""
         new = self._commit(self._pending)
-        self._pending, self._history = [], []
+        self._pending, self._previous = [], []
         return CommitResult(committed=self.committed, pending=[], new=new)
 
     def new_utterance(self) -> None:
         """The audio of the committed words is gone from the buffer: from now on no pass re-reads
         them, so a new pass's words are compared only with words committed after this call."""
         self._since = len(self._committed)
-        self._history = []
+        self._previous = []
 
     def commit_through(self, until_s: float) -> CommitResult:
         """Commit the pending words that end by `until_s` (seconds), agreed or not: the streaming
