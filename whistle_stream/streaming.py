@@ -4,7 +4,7 @@ A pass runs each time another `step_s` of audio has been *received* (audio time,
 time) and sees exactly the audio up to that point, so the output does not depend on how the audio
 was chunked. Each pass re-transcribes the buffer with word times; `commit.CommitPolicy` commits the
 words two consecutive passes agree on. The buffer starts at the current utterance: it is cut only
-at utterance boundaries (a pause once everything before it is committed, or a finalize), never in
+at utterance boundaries (a pause, where the words before it are committed, or a finalize), never in
 the middle of a sentence, so each pass hears whole sentences as the model was trained on them and
 re-reads the committed start of the current one (the policy sets those words aside by time). So pass
 time does not grow with the length of the stream, and the buffer never exceeds `MAX_BUFFER_S`
@@ -235,22 +235,12 @@ def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PA
     rms = np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
     level = float(np.percentile(rms, 90))
     quiet = rms <= level * 10.0 ** (-drop_db / 20.0) if level > 0.0 else np.ones(n, bool)
-    run_end = n
-    k = n - 1
-    while k >= 0:
-        if not quiet[k]:
-            run_end = k
-            k -= 1
-            continue
-        start = k
-        while start > 0 and quiet[start - 1]:
-            start -= 1
-        if run_end - start >= need and head + run_end * frame > since:
-            return head + (start + run_end) * frame // 2
-        if head + run_end * frame <= since:
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]])))
+    for start, end in zip(edges[-2::-2], edges[::-2]):  # quiet runs [start, end), newest first
+        if head + end * frame <= since:
             return None
-        run_end = start
-        k = start - 1
+        if end - start >= need:
+            return head + (start + end) * frame // 2
     return None
 
 
