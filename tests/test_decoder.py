@@ -123,7 +123,7 @@ def test_memory_attention_and_its_weights():
 
 def test_rotated_products_equal_the_dequantised_product():
     rng = np.random.default_rng(4)
-    group, n_out, k_pad, rows = 16, 7, 48, 7  # seven rows: one block of five and two more
+    group, n_out, k_pad, rows = 16, 7, 48, 10  # two blocks of five rows (callers pad to fives)
     codebook = np.sort(rng.standard_normal(4)).astype(np.float32)
     codes = rng.integers(0, 4, (n_out, k_pad)).astype(np.uint8)
     norms = rng.uniform(0.5, 2, (n_out, k_pad // group)).astype(np.float32)
@@ -139,6 +139,9 @@ def test_rotated_products_equal_the_dequantised_product():
     levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
     _levels_rows(x, levels, norms, group, out)
     np.testing.assert_allclose(out, product(levels), rtol=1e-5, atol=1e-2)
+    for kernel, stored in ((_codes2_rows, (codes, norms, codebook)), (_levels_rows, (levels, norms))):
+        with pytest.raises(ValueError, match="multiple of five"):
+            kernel(x[:7], *stored, group, out[:7])
     # gather: codebook level times the row's group norm
     picked = np.array([6, 0, 6], np.int64)
     got = np.empty((3, k_pad), np.float32)

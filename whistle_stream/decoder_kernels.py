@@ -243,12 +243,15 @@ def _levels_rows(xr, levels, gscale, group, out):
     """A few rows times int16 level codes in the rotated domain (decoder beams, the CQ4 head).
 
     out[r, n] = sum_g gscale[n, g] * (levels[n, g] . xr[r, g]); xr (R, K_pad) rotated activations,
-    levels (N, K_pad) int16, gscale (N, K_pad // group) float32. Rows go five at a time: each
-    level is widened to float32 in a register and used for five multiply-adds (no scratch pass).
+    levels (N, K_pad) int16, gscale (N, K_pad // group) float32. Rows go five at a time (R must be
+    a multiple of five: _LevelsLinear.rotated pads them): each level is widened to float32 in a
+    register and used for five multiply-adds (no scratch pass).
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
-    for r in range(0, rows - 4, 5):
+    if rows % 5:
+        raise ValueError("rows must be a multiple of five (pad with zero rows)")
+    for r in range(0, rows, 5):
         for n in range(levels.shape[0]):
             ln = levels[n]
             s0 = s1 = s2 = s3 = s4 = np.float32(0.0)
@@ -272,20 +275,6 @@ def _levels_rows(xr, levels, gscale, group, out):
                 s3 += a3 * m
                 s4 += a4 * m
             out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = s0, s1, s2, s3, s4
-    for r in range(rows - rows % 5, rows):
-        for n in range(levels.shape[0]):
-            ln = levels[n]
-            s0 = np.float32(0.0)
-            for g in range(groups):
-                base = g * group
-                c = ln[base:base + group]
-                x0 = xr[r, base:base + group]
-                a0 = np.float32(0.0)
-                for k in range(group):
-                    v = np.float32(c[k])
-                    a0 += v * x0[k]
-                s0 += a0 * gscale[n, g]
-            out[r, n] = s0
 
 
 @_jit(GEMM_FASTMATH)
@@ -294,14 +283,16 @@ def _codes2_rows(xr, codes, norms, levels, group, out):
 
     out[r, n] = sum_g norms[n, g] * (levels[codes[n, g]] . xr[r, g]); xr (R, K_pad) rotated
     activations, codes (N, K_pad) uint8 in 0..3, norms (N, K_pad // group) float32, levels (4,) the
-    unit codebook. Rows go five at a time: each code becomes its exact float32 level in a register
-    (a vectorised select chain, one byte read per weight) used for five multiply-adds.
+    unit codebook. Rows go five at a time (R must be a multiple of five: _LevelsLinear.rotated pads
+    them): each code becomes its exact float32 level in a register (a vectorised select chain, one
+    byte read per weight) used for five multiply-adds.
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
+    if rows % 5:
+        raise ValueError("rows must be a multiple of five (pad with zero rows)")
     l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
-    buf = np.empty(group, np.float32)
-    for r in range(0, rows - 4, 5):
+    for r in range(0, rows, 5):
         for n in range(codes.shape[0]):
             cn = codes[n]
             s0 = s1 = s2 = s3 = s4 = np.float32(0.0)
@@ -325,20 +316,6 @@ def _codes2_rows(xr, codes, norms, levels, group, out):
                 s3 += a3 * m
                 s4 += a4 * m
             out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = s0, s1, s2, s3, s4
-    for r in range(rows - rows % 5, rows):
-        for n in range(codes.shape[0]):
-            cn = codes[n]
-            s0 = np.float32(0.0)
-            for g in range(groups):
-                base = g * group
-                for k in range(group):
-                    buf[k] = _level2(cn[base + k], l0, l1, l2, l3)
-                x0 = xr[r, base:base + group]
-                a0 = np.float32(0.0)
-                for k in range(group):
-                    a0 += buf[k] * x0[k]
-                s0 += a0 * norms[n, g]
-            out[r, n] = s0
 
 
 # ---------------------------------------------------------------- fused stages of a decoder step
