@@ -113,7 +113,7 @@ def sinkhorn(logits: np.ndarray, iters: int = SINKHORN_ITERS) -> np.ndarray:
     (needle `_sinkhorn`); logits (rows, n, n) -> (rows, n, n) float32."""
     logits = np.ascontiguousarray(logits, np.float32)
     out = np.empty_like(logits)
-    _split_rows(lambda a, b: K._sinkhorn_rows(logits[a:b], iters, out[a:b]), logits.shape[0], 
+    _split_rows(lambda a, b: K._sinkhorn_rows(logits[a:b], iters, out[a:b]), logits.shape[0],
                 logits.size * iters * 4)
     return out
 

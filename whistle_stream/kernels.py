@@ -63,6 +63,9 @@ def _threads_from_env() -> None:
                           f"{GEMM_THREADS} thread(s)", RuntimeWarning, stacklevel=2)
 
 
+_threads_from_env()
+
+
 def set_blas_threads(threads: int = BLAS_THREADS) -> bool:
     """Set numpy's bundled OpenBLAS thread count for the whole process; False if not found."""
     import ctypes
@@ -88,9 +91,6 @@ def set_blas_threads(threads: int = BLAS_THREADS) -> bool:
 # ZeroDivisionError, which keeps LLVM from vectorising any loop with a division (a SiLU over the
 # stem's 7.7M activations: 10.6 vs 4.7 ms). The numpy model gives inf/nan like the reference.
 JIT_OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
-
-
-_threads_from_env()
 
 
 def _jit(fastmath=False):
