@@ -369,14 +369,14 @@ def main(argv=None) -> None:
     width = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
     val_samples = bucket(max(len(r["pcm"]) for r in splits["validation"]))
 
-    def validate(p, shuffle=False):  # one shape for every validation batch: one compile
+    def validate(p, shuffle=False):  # the model's params; one shape for every batch: one compile
         rows, t = splits["validation"], ids["validation"]
         losses = []
         for i in range(0, len(rows), 20):
             wav, lengths, tokens = arrays(rows[i:i + 20], t[i:i + 20], val_samples, width)
             if shuffle:  # each transcript paired with another clip's audio: what the model gets from sound
                 wav, lengths = np.roll(wav, 1, 0), np.roll(lengths, 1, 0)
-            losses.append(float(eval_loss(p[0], wav, lengths, tokens)))
+            losses.append(float(eval_loss(p, wav, lengths, tokens)))
         return float(np.mean(losses))
 
     vocabulary = sorted(demo_data.grammar_vocabulary())
@@ -403,7 +403,7 @@ def main(argv=None) -> None:
                     f"{(time.time() - tick) / len(recent):.2f} s/step")
                 recent, tick = [], time.time()
             if step % args.export_every == 0 or step == args.steps:
-                val, deaf = validate(params), validate(params, shuffle=True)
+                val, deaf = validate(params[0]), validate(params[0], shuffle=True)
                 note = f"Step {step}, validation loss {val:.3f}."
                 info = checkpoint(params, opt_state, step, note)
                 log(f"step {step} val {val:.4f} (audio shuffled {deaf:.4f})  wrote {info['path']} "
@@ -420,7 +420,7 @@ def main(argv=None) -> None:
     with open(os.path.join(args.data, "test_hypotheses.jsonl"), "w") as f:
         for row, hyp in zip(scored, hyps):
             f.write(json.dumps({"voice": row["voice"], "text": row["text"], "hyp": hyp}) + "\n")
-    val = validate((params, None))
+    val = validate(params)
     write_cact(jax.device_get(params), cfg, args.out, blob, cq2)
     write_card(args.out, vocabulary, cfg, f"Step {step}, validation loss {val:.3f}, test WER {wer:.1%} "
                                           f"(greedy, quantised, {len(hyps)} held-out clips and voices).")
