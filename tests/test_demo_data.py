@@ -123,3 +123,60 @@ def test_held_out_clips_regenerate_as_audio_and_text():
 def test_unknown_voice_is_rejected():
     with pytest.raises(ValueError, match="unknown voice"):
         demo_data.make_clip("Call mom.", "festival/kal", seed=0)
+
+
+# ---------------------------------------------------------------- mixed clips (second training stage)
+
+
+def test_mixed_specs_are_seeded_prefix_stable_and_held_out():
+    items = demo_data.mixed_items(300, seed=0)
+    assert items == demo_data.mixed_items(300, seed=0)
+    assert items[:100] == demo_data.mixed_items(100, seed=0)  # cached clips stay valid as --mix grows
+    kinds = {it["kind"] for it in items}
+    assert kinds == {"prefix", "multi", "long"}
+    reserved = set(demo_data.test_sentences(demo_data.TEST_POOL, 0))
+    for it in items:
+        assert it["voice"] in demo_data.TRAIN_VOICES
+        texts = [it["source"]] if it["kind"] == "prefix" else it["parts"]
+        assert not reserved & set(texts)
+        if it["kind"] == "prefix":
+            assert it["voice"].startswith("espeak-ng/") and 1 <= it["keep"] < len(it["source"].split())
+        elif it["kind"] == "multi":
+            assert 2 <= len(it["parts"]) <= 4
+
+
+@needs_tts
+def test_espeak_word_starts_are_ordered_and_repeatable():
+    text = "Set a timer for twenty-five minutes, then turn on the kitchen lights."
+    audio, rate, starts = demo_data.espeak_words(text, "en-us+f2", 175, 40)
+    assert rate == 22050 and len(starts) == len(text.split())
+    known = [s for s in starts if s >= 0]  # espeak runs some short words into their neighbour
+    assert starts[0] == 0 and len(known) >= len(starts) - 2
+    assert all(a < b for a, b in zip(known, known[1:])) and known[-1] < len(audio)
+    again = demo_data.espeak_words(text, "en-us+f2", 175, 40)
+    np.testing.assert_array_equal(again[0], audio)
+    assert again[2] == starts
+
+
+@needs_tts
+def test_a_prefix_clip_holds_the_words_before_its_cut():
+    item = {"kind": "prefix", "source": "Turn on the lights in the kitchen, please.", "keep": 7,
+            "voice": "espeak-ng/en-us+m3", "seed": 11}
+    audio, text = demo_data.make_mixed_clip(item)
+    assert text == "Turn on the lights in the kitchen"  # the cut word's comma dropped
+    full = demo_data.make_clip(item["source"], item["voice"], item["seed"])
+    assert 0.3 * len(full) < len(audio) < len(full)
+    again, _ = demo_data.make_mixed_clip(item)
+    np.testing.assert_array_equal(audio, again)
+
+
+@needs_tts
+def test_a_multi_sentence_clip_joins_its_parts_and_fits_one_window():
+    parts = ["Call mom.", "What time is it?", "Set a timer for ten minutes."]
+    item = {"kind": "multi", "parts": parts, "voice": "flite/slt", "seed": 5}
+    audio, text = demo_data.make_mixed_clip(item)
+    assert text == " ".join(parts)
+    long = {"kind": "long", "parts": parts * 12, "voice": "espeak-ng/en+m1", "seed": 5}
+    audio, text = demo_data.make_mixed_clip(long)
+    assert len(audio) <= demo_data.MAX_SECONDS * demo_data.RATE
+    assert text.startswith(" ".join(parts)) and len(text) < len(" ".join(long["parts"]))

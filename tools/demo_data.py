@@ -363,6 +363,67 @@ def synthesize(text: str, voice: str, rng: np.random.Generator) -> np.ndarray:
     return audio
 
 
+# Word start samples from libespeak-ng (the command line does not print them), run in a fresh
+# process per sentence: the library keeps state between syntheses in one process (the second
+# synthesis of a sentence differs from the first by a few samples), while a fresh process's first
+# synthesis equals the `espeak-ng -w` output sample for sample (checked; the command line only adds
+# ~0.28 s of near-silence at the end). argv: text, voice, speed, pitch; prints {"rate", "starts"}.
+_WORD_STARTS = r"""
+import ctypes, json, re, sys
+text, name, speed, pitch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+class Event(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("unique_identifier", ctypes.c_uint), ("text_position", ctypes.c_int),
+                ("length", ctypes.c_int), ("audio_position", ctypes.c_int), ("sample", ctypes.c_int),
+                ("user_data", ctypes.c_void_p), ("id", ctypes.c_char * 8)]
+lib = ctypes.CDLL("libespeak-ng.so.1")
+rate = lib.espeak_Initialize(2, 0, None, 0)  # AUDIO_OUTPUT_SYNCHRONOUS
+events = []
+def collect(wav, n, ev):
+    i = 0
+    while ev[i].type != 0:  # espeakEVENT_LIST_TERMINATED
+        if ev[i].type == 1:  # espeakEVENT_WORD: 1-based character position, start sample
+            events.append((ev[i].text_position - 1, ev[i].sample))
+        i += 1
+    return 0
+callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
+                            ctypes.POINTER(Event))(collect)
+lib.espeak_SetSynthCallback(callback)
+if rate <= 0 or lib.espeak_SetVoiceByName(name.encode()) != 0:
+    sys.exit(f"espeak-ng cannot speak with voice {name!r}")
+lib.espeak_SetParameter(1, speed, 0)  # espeakRATE
+lib.espeak_SetParameter(3, pitch, 0)  # espeakPITCH
+data = text.encode() + b"\0"
+lib.espeak_Synth(data, len(data), 0, 1, 0, 1, None, None)  # POS_CHARACTER, espeakCHARS_UTF8
+lib.espeak_Synchronize()
+spans = [m.span() for m in re.finditer(r"\S+", text)]
+starts = [-1] * len(spans)  # -1: a word espeak ran into its neighbour (no event of its own)
+for pos, sample in events:
+    for k, (a, b) in enumerate(spans):
+        if a <= pos < b and starts[k] < 0:
+            starts[k] = sample
+print(json.dumps({"rate": rate, "starts": starts}))
+"""
+
+
+def espeak_words(text: str, name: str, speed: int, pitch: int) -> tuple[np.ndarray, int, list[int]]:
+    """(float32 audio at espeak's rate, that rate, start sample of each whitespace-separated word).
+
+    The audio is the `espeak-ng -w` output; a word espeak merged into its neighbour starts at -1.
+    """
+    import sys
+    found = subprocess.run([sys.executable, "-c", _WORD_STARTS, text, name, str(speed), str(pitch)],
+                           check=True, capture_output=True, text=True)
+    info = json.loads(found.stdout)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.wav")
+        subprocess.run(["espeak-ng", "-v", name, "-s", str(speed), "-p", str(pitch), "-w", path, text],
+                       check=True, capture_output=True)
+        audio, rate = _read_wav(path)
+    if rate != info["rate"]:
+        raise RuntimeError(f"espeak-ng library rate {info['rate']} != command line rate {rate}")
+    return audio, rate, info["starts"]
+
+
 def add_noise(audio: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.ndarray:
     """audio plus noise at snr_db relative to the power of the audio's non-silent part.
 
@@ -421,18 +482,103 @@ def test_clips(n: int, seed: int = 0) -> list[tuple[np.ndarray, str]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Mixed training clips: sentence prefixes and several sentences in one clip
+
+MAX_SECONDS = 29.5  # a mixed clip never exceeds one 30 s window
+
+
+def mixed_items(n: int, seed: int = 0) -> list[dict]:
+    """n extra training clip specs on TRAIN_VOICES, from their own sentence stream (test pool removed).
+
+    40 % "prefix": a sentence cut at the start of a word (espeak-ng voices, whose word times we
+    read), the transcript its words before the cut: what a streaming pass hears mid-sentence.
+    45 % "multi": 2-4 sentences by one voice with 0.1-0.9 s pauses between them.
+    15 % "long": sentences by one voice until an estimated 14-27 s: what a long-audio window holds.
+    """
+    rng, reserved = _rng(seed, "mixed"), _reserved(seed)
+    source = _rng(seed, "mixed-sentences")
+
+    def fresh() -> str:
+        while True:
+            text = sentence(source)
+            if text not in reserved:
+                return text
+
+    espeak = [v for v in TRAIN_VOICES if v.startswith("espeak-ng/")]
+    items = []
+    for i in range(n):
+        r, seed_i = rng.random(), int(_rng(seed, "mixed", i).integers(2 ** 31))
+        if r < 0.40:
+            text = fresh()
+            while len(text.split()) < 2:
+                text = fresh()
+            keep = int(rng.integers(1, len(text.split())))
+            items.append({"kind": "prefix", "source": text, "keep": keep, "voice": _pick(rng, espeak),
+                          "seed": seed_i})
+            continue
+        if r < 0.85:
+            parts = [fresh() for _ in range(int(rng.integers(2, 5)))]
+        else:
+            target, parts, estimate = rng.uniform(14.0, 27.0), [], 0.0
+            while estimate < target:
+                parts.append(fresh())
+                estimate += 0.36 * len(parts[-1].split()) + 0.8  # ~170 wpm plus the pause
+        items.append({"kind": "multi" if r < 0.85 else "long", "parts": parts,
+                      "voice": _pick(rng, TRAIN_VOICES), "seed": seed_i})
+    return items
+
+
+def _prefix_text(words: list[str]) -> str:
+    return " ".join(words).rstrip(",;:")
+
+
+def make_mixed_clip(item: dict) -> tuple[np.ndarray, str]:
+    """(augmented float32 16 kHz audio, transcript) for a mixed_items() spec."""
+    rng = np.random.default_rng(int(item["seed"]))
+    if item["kind"] == "prefix":
+        name = item["voice"].partition("/")[2]
+        speed, pitch = int(rng.integers(130, 221)), int(rng.integers(30, 71))
+        speech, rate, starts = espeak_words(item["source"], name, speed, pitch)
+        words, keep = item["source"].split(), item["keep"]
+        while keep < len(words) and starts[keep] <= 0:  # no usable boundary: cut at the next one
+            keep += 1
+        cut = starts[keep] if keep < len(words) else len(speech)
+        audio = soxr.resample(speech[:cut], rate, RATE, quality="HQ")
+        return augment(audio.astype(np.float32), rng), _prefix_text(words[:keep])
+    pieces, texts, total = [], [], 0
+    for k, part in enumerate(item["parts"]):
+        speech = synthesize(part, item["voice"], rng)
+        gap = np.zeros(int(rng.uniform(0.1, 0.9) * RATE), np.float32)
+        if texts and total + len(speech) > (MAX_SECONDS - 1.7) * RATE:  # room for lead + trail
+            break
+        pieces += [gap, speech] if texts else [speech]
+        texts.append(part)
+        total += len(speech) + (len(gap) if k else 0)
+    return augment(np.concatenate(pieces), rng), " ".join(texts)
+
+
+# ---------------------------------------------------------------------------------------------
 # Writing a dataset
 
 def _write_one(args) -> dict:
     item, path = args
+    sidecar = path[:-4] + ".txt"  # a mixed clip's transcript, known only once it is synthesised
     if not os.path.exists(path):
-        audio = make_clip(item["text"], item["voice"], item["seed"])
+        if "kind" in item:
+            audio, text = make_mixed_clip(item)
+            with open(sidecar, "w") as f:
+                f.write(text)
+        else:
+            audio = make_clip(item["text"], item["voice"], item["seed"])
         pcm = np.clip(np.round(audio * 32767), -32768, 32767).astype("<i2")
         tmp = path + ".tmp"
         with wave.open(tmp, "wb") as w:
             w.setnchannels(1), w.setsampwidth(2), w.setframerate(RATE)
             w.writeframes(pcm.tobytes())
         os.replace(tmp, path)
+    if "kind" in item:
+        with open(sidecar) as f:
+            item = {**item, "text": f.read()}
     with wave.open(path, "rb") as w:
         seconds = w.getnframes() / RATE
     return {**item, "audio": os.path.abspath(path), "seconds": round(seconds, 3)}

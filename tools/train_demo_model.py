@@ -27,9 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import demo_data  # noqa: E402
 
 LANGUAGE = "en"
-# Each batch is padded to the smallest of these lengths (seconds) that holds its longest clip, and every
-# token row to one width: each distinct shape costs an XLA compile of ~2 min on a shared 2-vCPU machine.
-BUCKETS = (3.0, 4.5, 6.5)
+# Each batch is padded to the smallest of these lengths (seconds) that holds its longest clip, with that
+# length's batch size (about the same audio per step), and its token rows to one width per length:
+# each distinct shape costs an XLA compile of ~1-5 min on a shared 2-vCPU machine.
+BUCKETS = ((3.0, 16), (4.5, 16), (6.5, 16), (10.0, 10), (15.0, 6), (30.0, 3))
 TOKEN_ROUND = 8
 DECODE_TOKENS = 64  # greedy decoding stops here; the longest transcript is under 40 tokens
 
@@ -65,22 +66,38 @@ def train_tokenizer(texts: list[str], vocab: int, seed: int):
 
 
 class Batches:
-    """Length-bucketed batches: each padded to the smallest of BUCKETS that holds its longest clip."""
+    """Length-bucketed batches: each padded to the smallest of BUCKETS that holds its longest clip.
 
-    def __init__(self, rows, ids, batch, rng, width):
-        order = np.argsort([len(r["pcm"]) for r in rows], kind="stable")
-        self.rows, self.ids, self.rng, self.width = rows, ids, rng, width
-        self.groups = [order[i:i + batch] for i in range(0, len(order), batch)]
+    Every epoch shuffles the clips within each bucket, cuts them into that bucket's batch size (a
+    short remainder waits for the next epoch: one shape per bucket) and shuffles the batches.
+    """
+
+    def __init__(self, rows, ids, rng):
+        self.rows, self.ids, self.rng = rows, ids, rng
+        self.members: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            self.members.setdefault(bucket(len(row["pcm"])), []).append(i)
+        self.widths = {b: -(-max(len(ids[i]) for i in m) // TOKEN_ROUND) * TOKEN_ROUND
+                       for b, m in self.members.items()}
+        self.sizes = {int(sec * demo_data.RATE): size for sec, size in BUCKETS}
+
+    def count(self) -> int:
+        return sum(len(m) // self.sizes.get(b, 1) for b, m in self.members.items())
 
     def epoch(self):
-        for g in self.rng.permutation(len(self.groups)):
-            yield arrays([self.rows[i] for i in self.groups[g]], [self.ids[i] for i in self.groups[g]],
-                         width=self.width)
+        groups = []
+        for b, members in sorted(self.members.items()):
+            size = self.sizes.get(b, 1)
+            order = self.rng.permutation(members)
+            groups += [(b, order[i:i + size]) for i in range(0, len(order) - size + 1, size)]
+        for g in self.rng.permutation(len(groups)):
+            b, idx = groups[g]
+            yield arrays([self.rows[i] for i in idx], [self.ids[i] for i in idx], b, self.widths[b])
 
 
 def bucket(samples: int) -> int:
     """The padded length (samples) for a batch whose longest clip has `samples` samples."""
-    for seconds in BUCKETS:
+    for seconds, _ in BUCKETS:
         if samples <= seconds * demo_data.RATE:
             return int(seconds * demo_data.RATE)
     return -(-samples // demo_data.RATE) * demo_data.RATE
@@ -244,7 +261,6 @@ def main(argv=None) -> None:
     ap.add_argument("--data", default="work-data/demo", help="generated audio and manifests (not committed)")
     ap.add_argument("--clips", type=int, default=6000, help="training clips to synthesise")
     ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--vocab", type=int, default=512, help="sentencepiece pieces (incl. 256 byte pieces)")
     ap.add_argument("--dim", type=int, default=128)
@@ -256,6 +272,10 @@ def main(argv=None) -> None:
     ap.add_argument("--score", type=int, default=0, help="score only the first N test clips (0: all)")
     ap.add_argument("--ctc", type=float, default=0.3,
                     help="weight of an auxiliary CTC loss on the encoder output (training only; 0: off)")
+    ap.add_argument("--mix", type=int, default=0,
+                    help="extra training clips from demo_data.mixed_items: sentence prefixes, 2-4 sentences, 14-27 s")
+    ap.add_argument("--init", help="checkpoint .npz whose params and CTC head start the run (fresh optimiser "
+                                   "and schedule: a second stage)")
     ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape); with --steps equal to "
                                      "its step, only scores it")
     args = ap.parse_args(argv)
@@ -279,9 +299,13 @@ def main(argv=None) -> None:
         "validation": demo_data.write_split(demo_data.validation_items(seed=args.seed), args.data, "validation"),
         "train": demo_data.write_split(demo_data.train_items(args.clips, args.seed), args.data, "train"),
     }
+    if args.mix:
+        manifests["mixed"] = demo_data.write_split(demo_data.mixed_items(args.mix, args.seed), args.data, "mixed")
     splits = {k: load_split(v) for k, v in manifests.items()}
+    mixed = splits.pop("mixed", [])
     minutes = sum(len(r["pcm"]) for r in splits["train"]) / demo_data.RATE / 60
-    log(f"clips train {len(splits['train'])} ({minutes:.1f} min)  validation {len(splits['validation'])}"
+    mixed_minutes = sum(len(r["pcm"]) for r in mixed) / demo_data.RATE / 60
+    log(f"clips train {len(splits['train'])} ({minutes:.1f} min) + mixed {len(mixed)} ({mixed_minutes:.1f} min)  validation {len(splits['validation'])}"
         f"  test {len(splits['test'])}  ({time.time() - t0:.0f} s)")
 
     proto = train_tokenizer([r["text"] for r in splits["train"]], args.vocab, args.seed)
@@ -300,11 +324,11 @@ def main(argv=None) -> None:
     params = model.init(jax.random.PRNGKey(args.seed), wav0, len0, tok0[:, :-1])["params"]
     params = jax.tree.map(jnp.asarray, audible_stem(jax.device_get(params), args.seed))
     start_step, head = 0, None
-    if args.resume:
-        saved = np.load(args.resume, allow_pickle=False)
+    if args.resume or args.init:
+        saved = np.load(args.resume or args.init, allow_pickle=False)
         params = serialization.from_bytes(params, saved["params"].tobytes())
         head = jnp.asarray(saved["head"]) if "head" in saved else None
-        start_step = int(saved["step"])
+        start_step = int(saved["step"]) if args.resume else 0
     count = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
     log(f"model dim {cfg.dim} heads {cfg.heads} enc {cfg.enc_layers} dec {cfg.dec_layers} "
         f"sites {cfg.sites} slots {cfg.slots} stem {cfg.stem}: {count / 1e6:.2f} M params; "
@@ -366,7 +390,7 @@ def main(argv=None) -> None:
 
     eval_loss = jax.jit(ce_loss)
 
-    width = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
+    width = -(-max(len(t) for t in ids["validation"]) // TOKEN_ROUND) * TOKEN_ROUND
     val_samples = bucket(max(len(r["pcm"]) for r in splits["validation"]))
 
     def validate(p, shuffle=False):  # the model's params; one shape for every batch: one compile
@@ -390,9 +414,13 @@ def main(argv=None) -> None:
         write_card(args.out, vocabulary, cfg, note)
         return info
 
-    batches = Batches(splits["train"], ids["train"], args.batch, np.random.default_rng(args.seed), width)
+    train_ids = ids["train"] + [[cfg.bos, cfg.tag(LANGUAGE), *sp.encode(r["text"]), cfg.eos] for r in mixed]
+    if max(map(len, train_ids)) > cfg.max_tokens:
+        raise SystemExit(f"a training transcript has {max(map(len, train_ids))} tokens, over {cfg.max_tokens}")
+    batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(args.seed))
     step, recent, tick = start_step, [], time.time()
-    log(f"training {args.steps} steps, batch {args.batch}, {len(batches.groups)} batches/epoch (compiling...)")
+    log(f"training {args.steps} steps, {batches.count()} batches/epoch, shapes "
+        f"{sorted((b / demo_data.RATE, batches.sizes.get(b, 1), w) for b, w in batches.widths.items())} (compiling...)")
     while step < args.steps:
         for wav, lengths, tokens in batches.epoch():
             params, opt_state, loss = train_step(params, opt_state, wav, lengths, tokens)
