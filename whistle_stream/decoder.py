@@ -30,9 +30,8 @@ from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
 from .decoder_kernels import (
-    _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _gate_quant_rotate, _gated_residual,
-    _gather_levels, _hadamard_residual, _head_norm_quant, _lanes_in, _lanes_out, _levels_rows,
-    _norm_quant_rotate, _quant_codes, _self_qkv,
+    _block_step, _causal_taps, _codes2_rows, _gather_levels, _lanes_in, _levels_rows, _norm_quant_rotate,
+    _quant_codes,
 )
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
@@ -132,6 +131,7 @@ class _LevelsLinear:
         else:
             wide = [B.RotatedLinear(c.codes, c.norms, c.codebook, c.group, c.shape) for c in cqs]
             codes, norms = [w.levels for w in wide], [w.gscale for w in wide]
+            self.levels = np.zeros(4, np.float32)  # unused by the int16 level-code product
         self.codes = np.ascontiguousarray(codes[0] if len(codes) == 1 else np.concatenate(codes))
         self.norms = np.ascontiguousarray(norms[0] if len(norms) == 1 else np.concatenate(norms))
 
@@ -208,6 +208,18 @@ class _Layer:
         self.cross_gate = _sigmoid_scalar(a(p + "cross_gate"))
         self.pre_hada = a(p + "pre_hada")
         self.mlp = B.HadamardMLP.from_cact(cact, p[:-1], d.width)
+        m = self.mlp
+        # The weights `_block_step` takes, in its order.
+        self.step_args = (
+            self.norm_in, *self._cq(self.qkvg), self.qkvg.offsets[3], self.q_taps, self.k_taps, self.v_taps,
+            self.q_norm, self.k_norm, *self._cq(self.out), self.post_norm, self.attn_gate,
+            self.cross_norm, *self._cq(self.cqg), self.cq_norm, *self._cq(self.cout), self.post_cross_norm,
+            self.cross_gate, self.pre_hada, m.d1, m.d2, m.b2, m.d3, m.d4, *m.factors[0], *m.factors[1],
+            *m.factors[2], m.cond_vt, m.cond_u, m.p1, m.p2)
+
+    @staticmethod
+    def _cq(linear: "_LevelsLinear") -> tuple:
+        return linear.codes, linear.norms, linear.levels, linear.group
 
 
 class _Engram:
@@ -479,21 +491,32 @@ class Decoder:
         if state.token_hist.shape[1]:
             _push_history(state.token_hist, rows, tokens)
 
-        ctx = _StepContext(state, rows, n_new, start, engram, collect)
         stream = self.lanes.expand(x)  # (B*S, lanes, width)
         n = rows * n_new
         u = np.empty((n, d.width), np.float32)
         hpost = np.empty((n, d.lanes), np.float32)
         hres = np.empty((n, d.lanes, d.lanes), np.float32)
+        consts = (self.rope_cos, self.rope_sin, NORM_EPS, d.heads, d.kv_heads, self.q_scale, self.logit_scale,
+                  self.hada_ident)
         for li, layer in enumerate(self.layers):
             lanes = self.lanes
             i = layer.index
             _lanes_in(stream, lanes.phi[i].weight, lanes.a_pre[i], lanes.a_post[i], lanes.a_res[i],
                       lanes.b_pre[i], lanes.b_post[i], lanes.b_res[i], layer.lane, NORM_EPS, SINKHORN_ITERS,
                       u, hpost, hres)
-            y = self._block(ctx, li, layer, u.copy())
+            x = u.copy()
+            if layer.site is not None and layer.site in engram:
+                key, value = engram[layer.site]
+                score = np.einsum("rd,rd->r", B.rms_unit(x), B.rms_unit(key)) / self.embed_scale
+                x = x + B.sigmoid(score)[:, None] * value
+            weights = np.empty((n, d.heads, state.frames), np.float32)
             out = np.empty_like(stream)
-            _lanes_out(stream, hres, hpost, y, u, out)
+            hq, hk, hv = state.tap_hist[li]
+            _block_step(x, stream, hres, hpost, u, out, weights, rows, start, hq, hk, hv, state.k_pool[li],
+                        state.v_pool[li], state.anc, state.scores, *state.cross_k[li], *state.cross_v[li],
+                        *layer.step_args, *consts)
+            if collect is not None and layer.index in collect[0]:
+                collect[1][layer.index] = weights
             stream = out
         xr = np.empty((n, self.head.k_pad), np.float32)
         _norm_quant_rotate(np.ascontiguousarray(stream.mean(axis=1, dtype=np.float32)), self.lanes.final_norm,
@@ -501,64 +524,6 @@ class Decoder:
         logits = self.head.rotated(xr)
         state.position = start + n_new
         return logits.reshape(rows, n_new, d.vocab)
-
-    def _block(self, ctx: "_StepContext", li: int, layer: _Layer, x: np.ndarray) -> np.ndarray:
-        """One decoder block on the rows x (B*S, width), updated in place and returned, residual
-        included (guide §6)."""
-        d = self.dims
-        state, rows, n_new, start = ctx.state, ctx.rows, ctx.n_new, ctx.start
-        n = rows * n_new
-        if layer.site is not None and layer.site in ctx.engram:
-            key, value = ctx.engram[layer.site]
-            score = np.einsum("rd,rd->r", B.rms_unit(x), B.rms_unit(key)) / self.embed_scale
-            x = x + B.sigmoid(score)[:, None] * value
-
-        # causal self-attention: int8(norm_in(x)) -> [q | k | v | gate] in one rotated product
-        hr = np.empty((n, layer.qkvg.k_pad), np.float32)
-        _norm_quant_rotate(x, layer.norm_in, NORM_EPS, layer.qkvg.group, hr)
-        y = layer.qkvg.rotated(hr)
-        q = np.empty((rows, n_new, d.heads, d.qk_dim), np.float32)
-        hq, hk, hv = (h[:rows] for h in state.tap_hist[li])
-        _self_qkv(y, rows, start, layer.q_taps, layer.k_taps, layer.v_taps, hq, hk, hv, layer.q_norm,
-                  layer.k_norm, self.rope_cos, self.rope_sin, NORM_EPS, d.heads, d.kv_heads,
-                  state.k_pool[li], state.v_pool[li], q)
-        att = np.empty((rows, n_new, d.heads, d.v_dim), np.float32)
-        _attend_pool(q, state.k_pool[li], state.v_pool[li], state.anc, start, self.q_scale, self.logit_scale,
-                     state.scores, att)
-        gate = y[:, layer.qkvg.offsets[3]:]
-        hr = np.empty((n, layer.out.k_pad), np.float32)
-        _gate_quant_rotate(att.reshape(n, -1), gate, layer.out.group, hr)
-        _gated_residual(x, layer.out.rotated(hr), layer.post_norm, NORM_EPS, layer.attn_gate)
-
-        # cross-attention over the clip's memory: int8(cross_norm(x)) -> [q | gate]
-        hr = np.empty((n, layer.cqg.k_pad), np.float32)
-        _norm_quant_rotate(x, layer.cross_norm, NORM_EPS, layer.cqg.group, hr)
-        y = layer.cqg.rotated(hr)
-        q = np.empty((n, d.heads, d.qk_dim), np.float32)
-        _head_norm_quant(y[:, : d.heads * d.qk_dim], d.heads, layer.cq_norm, NORM_EPS, q)
-        weights = np.empty((n, d.heads, state.frames), np.float32)
-        att = np.empty((n, d.heads, d.v_dim), np.float32)
-        _attend_memory(q, *state.cross_k[li], *state.cross_v[li], self.q_scale, self.logit_scale, weights, att)
-        if ctx.collect is not None and layer.index in ctx.collect[0]:
-            ctx.collect[1][layer.index] = weights
-        hr = np.empty((n, layer.cout.k_pad), np.float32)
-        _gate_quant_rotate(att.reshape(n, -1), y[:, d.heads * d.qk_dim:], layer.cout.group, hr)
-        _gated_residual(x, layer.cout.rotated(hr), layer.post_cross_norm, NORM_EPS, layer.cross_gate)
-
-        m = layer.mlp
-        _hadamard_residual(x, layer.pre_hada, m.d1, m.d2, m.b2, m.d3, m.d4, *m.factors[0], *m.factors[1],
-                           *m.factors[2], m.cond_vt, m.cond_u, m.p1, m.p2, self.hada_ident, NORM_EPS)
-        return x
-
-
-@dataclass(eq=False)
-class _StepContext:
-    state: DecoderState
-    rows: int
-    n_new: int
-    start: int
-    engram: dict
-    collect: tuple | None
 
 
 def _push_history(hist: np.ndarray, rows: int, new: np.ndarray) -> None:

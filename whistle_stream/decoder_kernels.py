@@ -9,7 +9,8 @@ first, softmax as exp(x - max) / sum), so the only differences left are float su
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from .kernels import (
     GEMM_FASTMATH, JIT_OPTIONS, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale, _lane_combine,
@@ -73,41 +74,47 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
     kv_heads = k_pool.shape[2]
     dv = v_pool.shape[3]
     group = heads // kv_heads
+    positions = start + n_new
+    keys = np.empty((positions, dq), np.float32)  # one beam's keys and values of one kv head
+    values = np.empty((positions, dv), np.float32)
     qs = np.empty(dq, np.float32)
     shifted = np.empty(scores.shape[0], np.float32)
     bits = np.empty(scores.shape[0], np.int32)
     for b in range(n_rows):
-        for i in range(n_new):
-            p = start + i
-            for h in range(heads):
-                g = h // group
-                for d in range(dq):
-                    qs[d] = q[b, i, h, d] * q_scale
-                top = np.float32(-np.inf)
-                for s in range(p + 1):
-                    kr = k_pool[s, anc[b, s], g]
-                    acc = np.float32(0.0)
+        for g in range(kv_heads):
+            for s in range(positions):  # gathered once through the block table for the group's heads
+                keys[s] = k_pool[s, anc[b, s], g]
+                values[s] = v_pool[s, anc[b, s], g]
+            for i in range(n_new):
+                p = start + i
+                for h in range(g * group, (g + 1) * group):
                     for d in range(dq):
-                        acc += qs[d] * kr[d]
-                    acc *= logit_scale
-                    scores[s] = acc
-                    if acc > top:
-                        top = acc
-                for s in range(p + 1):
-                    shifted[s] = scores[s] - top
-                _exp_neg(shifted, scores, bits, p + 1)
-                total = np.float32(0.0)
-                for s in range(p + 1):
-                    total += scores[s]
-                inv = np.float32(1.0) / total
-                o = out[b, i, h]
-                for d in range(dv):
-                    o[d] = 0.0
-                for s in range(p + 1):
-                    w = scores[s] * inv
-                    vr = v_pool[s, anc[b, s], g]
+                        qs[d] = q[b, i, h, d] * q_scale
+                    top = np.float32(-np.inf)
+                    for s in range(p + 1):
+                        kr = keys[s]
+                        acc = np.float32(0.0)
+                        for d in range(dq):
+                            acc += qs[d] * kr[d]
+                        acc *= logit_scale
+                        scores[s] = acc
+                        if acc > top:
+                            top = acc
+                    for s in range(p + 1):
+                        shifted[s] = scores[s] - top
+                    _exp_neg(shifted, scores, bits, p + 1)
+                    total = np.float32(0.0)
+                    for s in range(p + 1):
+                        total += scores[s]
+                    inv = np.float32(1.0) / total
+                    o = out[b, i, h]
                     for d in range(dv):
-                        o[d] += w * vr[d]
+                        o[d] = 0.0
+                    for s in range(p + 1):
+                        w = scores[s] * inv
+                        vr = values[s]
+                        for d in range(dv):
+                            o[d] += w * vr[d]
 
 
 @_jit()
@@ -574,3 +581,84 @@ def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b,
     for r in range(rows):
         for c in range(width):
             x[r, c] = x[r, c] + d4[c] * y[r, c]
+
+
+# ---------------------------------------------------------------- one whole decoder block per call
+
+
+def _product(xr, codes, norms, levels, group, out):
+    """xr (R5, K_pad) rotated rows times a CQ matrix: `_codes2_rows` for 2-bit level indices (uint8),
+    `_levels_rows` for int16 level codes (levels unused). Chosen when a kernel is compiled."""
+    if codes.dtype == np.uint8:
+        _codes2_rows(xr, codes, norms, levels, group, out)
+    else:
+        _levels_rows(xr, codes, norms, group, out)
+
+
+@overload(_product, jit_options=JIT_OPTIONS)
+def _product_typed(xr, codes, norms, levels, group, out):
+    if codes.dtype == types.uint8:
+        return lambda xr, codes, norms, levels, group, out: _codes2_rows(xr, codes, norms, levels, group, out)
+    return lambda xr, codes, norms, levels, group, out: _levels_rows(xr, codes, norms, group, out)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _padded_rotation(rows):
+    """Rows of a rotated activation: the products take them five at a time (the pad is zeros)."""
+    return rows + (-rows) % 5
+
+
+@_jit(GEMM_FASTMATH)
+def _block_step(x, stream, hres, hpost, u, out, weights, n_rows, start, hq, hk, hv, k_pool, v_pool, anc,
+                scores, k_codes, k_scale, v_codes, v_scale,
+                norm_in, qkvg_codes, qkvg_norms, qkvg_levels, qkvg_group, gate_at, q_taps, k_taps, v_taps,
+                q_norm, k_norm, out_codes, out_norms, out_levels, out_group, post_norm, attn_gate,
+                cross_norm, cqg_codes, cqg_norms, cqg_levels, cqg_group, cq_norm, cout_codes, cout_norms,
+                cout_levels, cout_group, post_cross_norm, cross_gate, pre_hada, d1, d2, b2, d3, d4,
+                w1a, w1b, w2a, w2b, w3a, w3b, cond_vt, cond_u, p1, p2,
+                cos_tab, sin_tab, eps, heads, kv_heads, q_scale, logit_scale, ident):
+    """One decoder block on x (B*S, width) = the lane input u (plus any engram), then the lane
+    update: out = hres @ stream + hpost * (block(x) - u) (guide §6; the stages as decoder.py
+    documents them). One call per layer instead of a dozen: a 5-beam step is milliseconds, and
+    each kernel call from Python costs microseconds of dispatch. weights (B*S, H, F) receives the
+    cross-attention weights (word timestamps read them)."""
+    n = x.shape[0]
+    n_new = n // n_rows
+    pad = _padded_rotation(n)
+    dq = k_pool.shape[3]
+    dv = v_pool.shape[3]
+
+    # causal self-attention: int8(norm_in(x)) -> [q | k | v | gate] in one rotated product
+    hr = np.zeros((pad, qkvg_codes.shape[1]), np.float32)
+    _norm_quant_rotate(x, norm_in, eps, qkvg_group, hr[:n])
+    y = np.empty((pad, qkvg_codes.shape[0]), np.float32)
+    _product(hr, qkvg_codes, qkvg_norms, qkvg_levels, qkvg_group, y)
+    q = np.empty((n_rows, n_new, heads, dq), np.float32)
+    _self_qkv(y[:n], n_rows, start, q_taps, k_taps, v_taps, hq[:n_rows], hk[:n_rows], hv[:n_rows], q_norm,
+              k_norm, cos_tab, sin_tab, eps, heads, kv_heads, k_pool, v_pool, q)
+    att = np.empty((n_rows, n_new, heads, dv), np.float32)
+    _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, att)
+    hr = np.zeros((pad, out_codes.shape[1]), np.float32)
+    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, gate_at:], out_group, hr[:n])
+    o = np.empty((pad, out_codes.shape[0]), np.float32)
+    _product(hr, out_codes, out_norms, out_levels, out_group, o)
+    _gated_residual(x, o[:n], post_norm, eps, attn_gate)
+
+    # cross-attention over the clip's memory: int8(cross_norm(x)) -> [q | gate]
+    hr = np.zeros((pad, cqg_codes.shape[1]), np.float32)
+    _norm_quant_rotate(x, cross_norm, eps, cqg_group, hr[:n])
+    y = np.empty((pad, cqg_codes.shape[0]), np.float32)
+    _product(hr, cqg_codes, cqg_norms, cqg_levels, cqg_group, y)
+    qc = np.empty((n, heads, dq), np.float32)
+    _head_norm_quant(y[:n, :heads * dq], heads, cq_norm, eps, qc)
+    att = np.empty((n, heads, dv), np.float32)
+    _attend_memory(qc, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, weights, att)
+    hr = np.zeros((pad, cout_codes.shape[1]), np.float32)
+    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, heads * dq:], cout_group, hr[:n])
+    o = np.empty((pad, cout_codes.shape[0]), np.float32)
+    _product(hr, cout_codes, cout_norms, cout_levels, cout_group, o)
+    _gated_residual(x, o[:n], post_cross_norm, eps, cross_gate)
+
+    _hadamard_residual(x, pre_hada, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, cond_vt, cond_u,
+                       p1, p2, ident, eps)
+    _lanes_out(stream, hres, hpost, x, u, out)
