@@ -70,10 +70,14 @@ class Batches:
 
     Every epoch shuffles the clips within each bucket, cuts them into that bucket's batch size (a
     short remainder waits for the next epoch: one shape per bucket) and shuffles the batches.
+    With fixed_width (the first stage, single sentences only, as run 5 trained): the clips sorted
+    by length in fixed groups of 16, each epoch the groups shuffled, every token row fixed_width wide.
     """
 
-    def __init__(self, rows, ids, rng):
-        self.rows, self.ids, self.rng = rows, ids, rng
+    def __init__(self, rows, ids, rng, fixed_width: int | None = None):
+        self.rows, self.ids, self.rng, self.fixed_width = rows, ids, rng, fixed_width
+        order = np.argsort([len(r["pcm"]) for r in rows], kind="stable")
+        self.fixed = [order[i:i + 16] for i in range(0, len(order), 16)]
         self.members: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
             self.members.setdefault(bucket(len(row["pcm"])), []).append(i)
@@ -82,9 +86,16 @@ class Batches:
         self.sizes = {int(sec * demo_data.RATE): size for sec, size in BUCKETS}
 
     def count(self) -> int:
+        if self.fixed_width:
+            return len(self.fixed)
         return sum(len(m) // self.sizes.get(b, 1) for b, m in self.members.items())
 
     def epoch(self):
+        if self.fixed_width:
+            for g in self.rng.permutation(len(self.fixed)):
+                idx = self.fixed[g]
+                yield arrays([self.rows[i] for i in idx], [self.ids[i] for i in idx], width=self.fixed_width)
+            return
         groups = []
         for b, members in sorted(self.members.items()):
             size = self.sizes.get(b, 1)
@@ -417,10 +428,11 @@ def main(argv=None) -> None:
     train_ids = ids["train"] + [[cfg.bos, cfg.tag(LANGUAGE), *sp.encode(r["text"]), cfg.eos] for r in mixed]
     if max(map(len, train_ids)) > cfg.max_tokens:
         raise SystemExit(f"a training transcript has {max(map(len, train_ids))} tokens, over {cfg.max_tokens}")
-    batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(args.seed))
+    first_stage = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
+    batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(args.seed),
+                      fixed_width=None if mixed else first_stage)
     step, recent, tick = start_step, [], time.time()
-    log(f"training {args.steps} steps, {batches.count()} batches/epoch, shapes "
-        f"{sorted((b / demo_data.RATE, batches.sizes.get(b, 1), w) for b, w in batches.widths.items())} (compiling...)")
+    log(f"training {args.steps} steps, {batches.count()} batches/epoch (compiling...)")
     while step < args.steps:
         for wav, lengths, tokens in batches.epoch():
             params, opt_state, loss = train_step(params, opt_state, wav, lengths, tokens)
