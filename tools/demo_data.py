@@ -449,12 +449,16 @@ def _one_pole(x: np.ndarray, a: float) -> np.ndarray:
     return lfilter([1.0], [1.0, -a], x)
 
 
-def augment(audio: np.ndarray, rng: np.random.Generator, record: dict | None = None) -> np.ndarray:
+def augment(audio: np.ndarray, rng: np.random.Generator, record: dict | None = None,
+            trailing: bool = True) -> np.ndarray:
     """Leading/trailing silence 0.1-0.8 s, noise at 5-30 dB SNR (80 % of clips), gain -18..+6 dB.
 
-    If record is a dict, the drawn lead/trail (seconds), snr_db (None when clean) and gain_db go in it.
+    trailing=False keeps the end abrupt (a sentence prefix: what a streaming pass hears); the
+    draws are the same either way. If record is a dict, the drawn lead/trail (seconds), snr_db
+    (None when clean) and gain_db go in it.
     """
     lead, trail = rng.uniform(0.1, 0.8), rng.uniform(0.1, 0.8)
+    trail = trail if trailing else 0.0
     out = np.concatenate([np.zeros(int(lead * RATE), np.float32), audio, np.zeros(int(trail * RATE), np.float32)])
     snr_db = None
     if rng.random() < 0.8:
@@ -490,9 +494,11 @@ MAX_SECONDS = 29.5  # a mixed clip never exceeds one 30 s window
 def mixed_items(n: int, seed: int = 0) -> list[dict]:
     """n extra training clip specs on TRAIN_VOICES, from their own sentence stream (test pool removed).
 
-    40 % "prefix": a sentence cut at the start of a word (espeak-ng voices, whose word times we
-    read), the transcript its words before the cut: what a streaming pass hears mid-sentence.
-    45 % "multi": 2-4 sentences by one voice with 0.1-0.9 s pauses between them.
+    30 % "prefix": a sentence cut in the first 40 % of a word (espeak-ng voices, whose word times
+    we read), the transcript the words before that one, the end abrupt (no trailing silence): what
+    a streaming pass hears mid-sentence. Complete clips always end in silence, so the model can
+    tell the two apart and still finish whole sentences.
+    55 % "multi": 2-4 sentences by one voice with 0.1-0.9 s pauses between them.
     15 % "long": sentences by one voice until an estimated 14-27 s: what a long-audio window holds.
     """
     rng, reserved = _rng(seed, "mixed"), _reserved(seed)
@@ -508,7 +514,7 @@ def mixed_items(n: int, seed: int = 0) -> list[dict]:
     items = []
     for i in range(n):
         r, seed_i = rng.random(), int(_rng(seed, "mixed", i).integers(2 ** 31))
-        if r < 0.40:
+        if r < 0.30:
             text = fresh()
             while len(text.split()) < 2:
                 text = fresh()
@@ -542,9 +548,10 @@ def make_mixed_clip(item: dict) -> tuple[np.ndarray, str]:
         words, keep = item["source"].split(), item["keep"]
         while keep < len(words) and starts[keep] <= 0:  # no usable boundary: cut at the next one
             keep += 1
-        cut = starts[keep] if keep < len(words) else len(speech)
+        nxt = next((s for s in starts[keep + 1:] if s > 0), len(speech))
+        cut = starts[keep] + int(rng.uniform(0.0, 0.4) * (nxt - starts[keep])) if keep < len(words) else len(speech)
         audio = soxr.resample(speech[:cut], rate, RATE, quality="HQ")
-        return augment(audio.astype(np.float32), rng), _prefix_text(words[:keep])
+        return augment(audio.astype(np.float32), rng, trailing=False), _prefix_text(words[:keep])
     pieces, texts, total = [], [], 0
     for k, part in enumerate(item["parts"]):
         speech = synthesize(part, item["voice"], rng)
