@@ -205,11 +205,15 @@ def mel_energies(power: np.ndarray, mel: np.ndarray) -> np.ndarray:
     product (and BLAS is erratic at this odd inner size, 257).
     """
     out = np.zeros((mel.shape[1], power.shape[0]), np.float32)  # band-major, transposed at the end
-    for band in range(mel.shape[1]):
-        nz = np.flatnonzero(mel[:, band])
-        if len(nz):
-            lo, hi = nz[0], nz[-1] + 1
-            np.dot(power[:, lo:hi], mel[lo:hi, band], out=out[band])
+    # power is finite by construction (sanitised, levelled pcm), but numpy's dot reports the FPU's
+    # invalid flag without clearing it first, and a kernel earlier in this thread may have left it
+    # set (seen once in a 60-minute stream: "invalid value encountered in dot" on finite input).
+    with np.errstate(invalid="ignore"):
+        for band in range(mel.shape[1]):
+            nz = np.flatnonzero(mel[:, band])
+            if len(nz):
+                lo, hi = nz[0], nz[-1] + 1
+                np.dot(power[:, lo:hi], mel[lo:hi, band], out=out[band])
     return out.T
 
 
