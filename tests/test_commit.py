@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from whistle_stream.commit import CommitPolicy, CommitResult, Word, normalise
+from whistle_stream.commit import CommitPolicy, CommitResult, Word, doubled_tail, normalise
 
 
 def hyp(text, start=0.0, step=0.5, jitter=0.0, seed=0):
@@ -175,3 +175,30 @@ def test_bad_words_are_rejected():
         policy.update([{"word": "x", "start": 0.0}])
     with pytest.raises(TypeError, match="Word objects or dicts"):
         policy.update(["x"])
+
+
+@pytest.mark.parametrize("text, unit", [
+    ("a b c a b c", 3), ("x a b c d a b c d", 4), ("a b a b", 0), ("a b c d", 0),
+    ("set the alarm set the alarm set the alarm", 3), ("", 0)])
+def test_doubled_tail_finds_the_longest_unit_said_twice_at_the_end(text, unit):
+    assert doubled_tail(text.split()) == unit
+
+
+def test_a_sentence_said_again_after_itself_is_committed_once():
+    policy = CommitPolicy()
+    doubled = "remind me to call mom at five . remind me to call mom at five ."
+    policy.update(hyp(doubled))
+    result = policy.update(hyp(doubled))
+    assert " ".join(texts(result.committed)) == "remind me to call mom at five ."
+    assert result.pending == []
+
+
+def test_the_utterance_re_read_from_its_start_past_the_horizon_is_not_committed_again():
+    policy = CommitPolicy()
+    policy.update(hyp("dim the lights to", step=0.2))  # squeezed times: the horizon ends early
+    policy.update(hyp("dim the lights to", step=0.2))
+    assert policy.committed_until_s < 1.0
+    later = hyp("dim the lights to sixty percent", start=1.0)  # the same words, re-timed later
+    policy.update(later)
+    result = policy.update(later)
+    assert texts(result.committed) == ["dim", "the", "lights", "to", "sixty", "percent"]

@@ -3,8 +3,10 @@
 A small pure class, fed one hypothesis per pass and returning dataclasses; no audio, no model.
 Each pass re-transcribes the stream's buffer, so it repeats words that are already committed. Those
 are set aside first (words lying mostly before the committed time horizon, then a repeat of the
-committed tail near the horizon), a loop at the hypothesis end is cut back to one copy (§6 loop
-rule, on word texts), and the longest prefix on which this pass and the previous one agree word for
+committed tail near the horizon, or of the current utterance's committed words from its start
+when a pass places them later), a loop at the hypothesis end is cut back to one copy (§6 loop
+rule, on word texts) and so is a doubled ending (a unit of 3 or more words twice in a row: a small
+model continuing a sentence heard in part by saying it again), and the longest prefix on which this pass and the previous one agree word for
 word is committed. Committed words never change; the rest of the pass is pending.
 """
 
@@ -19,6 +21,7 @@ from .search import LOOP_MAX_UNIT, LOOP_REPEATS, cut_loop, find_loop
 _EPS = 1e-6
 REPEAT_WINDOW_S = 0.25  # DTW word times shift by a frame or two (80 ms each) between passes
 REPEAT_WORDS = 5  # the longest committed tail a new pass is checked for repeating
+DOUBLED_MIN_WORDS = 3  # a hypothesis ending in a unit of at least this many words said twice keeps one
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,15 @@ class CommitResult:
     committed: list[Word]
     pending: list[Word]
     new: list[Word] = field(default_factory=list)
+
+
+def doubled_tail(texts: Sequence[str], min_words: int = DOUBLED_MIN_WORDS) -> int:
+    """Length of the longest unit of at least `min_words` words that `texts` ends with twice in a
+    row (0 if none): "... on the fifth of May. Remind me ... on the fifth of May." ends doubled."""
+    for k in range(len(texts) // 2, min_words - 1, -1):
+        if list(texts[len(texts) - k:]) == list(texts[len(texts) - 2 * k:len(texts) - k]):
+            return k
+    return 0
 
 
 def normalise(text: str) -> str:
@@ -143,11 +155,16 @@ class CommitPolicy:
                 if done[len(done) - k:] == [normalise(w.word) for w in tail[:k]]:
                     tail = tail[k:]
                     break
-        texts = [normalise(w.word) for w in current] + [normalise(w.word) for w in tail]
+        said = [normalise(w.word) for w in current]
+        if said and [normalise(w.word) for w in tail[:len(said)]] == said:
+            tail = tail[len(said):]  # the utterance re-read from its start, its times shifted past the horizon
+        texts = said + [normalise(w.word) for w in tail]
         if find_loop(texts, self.loop_max_unit, self.loop_repeats):
             keep = len(cut_loop(texts, self.loop_max_unit, self.loop_repeats))
             tail = tail[: max(0, keep - len(current))]
-        return tail
+            texts = texts[:keep]
+        keep = len(texts) - doubled_tail(texts)
+        return tail[: max(0, keep - len(current))]
 
     def _commit(self, words: Sequence[Word]) -> list[Word]:
         """Append words, keeping committed times non-decreasing and non-overlapping."""
