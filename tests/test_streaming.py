@@ -251,6 +251,30 @@ def test_last_pause_finds_the_newest_long_quiet_run():
     noisy[int(2.0 * RATE):int(2.6 * RATE)] = 0.05 * rng.standard_normal(int(0.6 * RATE))  # 6 dB down
     assert last_pause(noisy, RATE) is None
     assert last_pause(np.zeros(RATE, np.float32), RATE) == RATE // 2  # digital silence is one pause
+    leading = np.concatenate([gap, _speechlike(1.0, rng)])
+    assert last_pause(leading, RATE) is not None
+    assert last_pause(leading, RATE, leading=False) is None  # quiet before anything was said
+    assert last_pause(np.zeros(RATE, np.float32), RATE, leading=False) is None
+
+
+def test_a_pass_leaves_out_digital_silence_at_the_buffer_start_and_most_of_it_at_the_end():
+    from whistle_stream.streaming import EDGE_ZEROS_S, sound_span
+
+    audio = np.concatenate([np.zeros(RATE, np.float32), np.full(RATE // 2, 0.1, np.float32),
+                            np.zeros(RATE, np.float32)])
+    first, last = sound_span(audio, RATE)
+    assert first == RATE and last == RATE + RATE // 2 + int(EDGE_ZEROS_S * RATE)
+    assert sound_span(np.zeros(100, np.float32), RATE) == (0, 0)
+
+
+def test_finalize_hears_the_words_after_a_pause_in_its_last_pass():
+    # w0 runs past the last whole step (3 s), then a 0.6 s pause and w1 end the stream: the final
+    # pass ends the utterance at that pause, hearing only the audio before it, so w1 needs its own.
+    z = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
+    audio = np.concatenate([z(2.6), np.full(int(0.5 * RATE), UNIT, np.float32), z(0.6),
+                            np.full(int(0.2 * RATE), 2 * UNIT, np.float32), z(0.03)])
+    dicts, _ = run(audio, 1000)
+    assert [w["word"] for d in dicts for w in d["words"]] == ["w0", "w1"]
 
 
 def test_after_a_new_utterance_words_are_not_filtered_by_the_old_horizon():

@@ -146,18 +146,13 @@ class CommitPolicy:
     def _beyond_committed(self, words: Sequence[Word]) -> list[Word]:
         """The words of a pass that extend the committed text, with a trailing loop cut back."""
         current = self._committed[self._since:]  # committed words whose audio passes still read
-        horizon = self.committed_until_s
-        tail = [w for w in words if w.end > horizon + _EPS and (w.start + w.end) / 2 >= horizon - _EPS] \
-            if current else list(words)
-        if tail and self._committed and tail[0].start < horizon + self.repeat_window_s:
-            done = [normalise(w.word) for w in self._committed[-self.repeat_words:]]
-            for k in range(min(len(done), len(tail)), 0, -1):  # the longest repeat of the committed tail
-                if done[len(done) - k:] == [normalise(w.word) for w in tail[:k]]:
-                    tail = tail[k:]
-                    break
         said = [normalise(w.word) for w in current]
-        if said and [normalise(w.word) for w in tail[:len(said)]] == said:
-            tail = tail[len(said):]  # the utterance re-read from its start, its times shifted past the horizon
+        if said and [normalise(w.word) for w in words[:len(said)]] == said:
+            tail = list(words[len(said):])  # the pass re-reads the utterance: align by text, not by time
+        else:
+            tail = self._beyond_horizon(words, bool(current))
+            if said and [normalise(w.word) for w in tail[:len(said)]] == said:
+                tail = tail[len(said):]  # the utterance re-read from its start, re-timed past the horizon
         texts = said + [normalise(w.word) for w in tail]
         if find_loop(texts, self.loop_max_unit, self.loop_repeats):
             keep = len(cut_loop(texts, self.loop_max_unit, self.loop_repeats))
@@ -165,6 +160,19 @@ class CommitPolicy:
             texts = texts[:keep]
         keep = len(texts) - doubled_tail(texts)
         return tail[: max(0, keep - len(current))]
+
+    def _beyond_horizon(self, words: Sequence[Word], rereads: bool) -> list[Word]:
+        """The words past the committed time horizon, then past a repeat of the committed tail."""
+        horizon = self.committed_until_s
+        tail = [w for w in words if w.end > horizon + _EPS and (w.start + w.end) / 2 >= horizon - _EPS] \
+            if rereads else list(words)
+        if tail and self._committed and tail[0].start < horizon + self.repeat_window_s:
+            done = [normalise(w.word) for w in self._committed[-self.repeat_words:]]
+            for k in range(min(len(done), len(tail)), 0, -1):  # the longest repeat of the committed tail
+                if done[len(done) - k:] == [normalise(w.word) for w in tail[:k]]:
+                    tail = tail[k:]
+                    break
+        return tail
 
     def _commit(self, words: Sequence[Word]) -> list[Word]:
         """Append words, keeping committed times non-decreasing and non-overlapping."""

@@ -34,6 +34,7 @@ TRIM_MARGIN_S = 0.24
 PAUSE_S = 0.45
 PAUSE_DB = 40.0
 PAUSE_FRAME = 320  # samples: 20 ms at 16 kHz
+EDGE_ZEROS_S = 0.02  # digital silence a pass keeps at each edge of its audio (see sound_span)
 
 
 class StreamSession:
@@ -90,7 +91,12 @@ class StreamSession:
         self._check_open()
         out = self._empty()
         if self._received > self._last_pass_end():
-            self._pass_and_report(self._received, out)
+            start = -1
+            # A pass that ends an utterance at a pause hears only the audio before it; the rest of
+            # the buffer (the start of the next utterance) gets its own pass before the flush.
+            while start != self._buffer_start and np.any(self._buffer):
+                start = self._buffer_start
+                self._pass_and_report(self._received, out)
         self._commit(self.policy.flush(), out)
         self._cut_utterance(self._received)
         return self._finish_dict(out)
@@ -138,10 +144,15 @@ class StreamSession:
         """Transcribe the buffer up to sample `end` and update commits/pending."""
         t0 = time.perf_counter()
         audio = self._buffer[: end - self._buffer_start]
-        first, last = sound_span(audio)
+        # An utterance that ended at a pause in the newest step is heard alone, up to the pause, as
+        # a one-shot transcription would hear it; what follows the pause waits for the next pass,
+        # whose buffer starts there.
+        gap = last_pause(audio, self.rate, len(audio) - self.step, leading=False)
+        heard = audio if gap is None else audio[:gap]
+        first, last = sound_span(heard, self.rate)
         offset = (self._buffer_start + first) / self.rate
         result = self.model.transcribe_words(
-            audio[first:last], language=self.language or None, keywords=self.keywords, beams=self.beams)
+            heard[first:last], language=self.language or None, keywords=self.keywords, beams=self.beams)
         self.passes += 1
         words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"])
                  for w in result["words"]]
@@ -149,8 +160,7 @@ class StreamSession:
             self.language = result["language"]  # detected on the first pass with speech, then held
         if result["speech"]:
             self._commit(self.policy.update(words), out)
-            gap = last_pause(audio, self.rate, len(audio) - self.step)
-        else:
+        elif gap is None:
             gap = len(audio)  # silence gate (§8): the whole buffer is a pause
         if gap is not None:
             # An utterance ended at the pause: its words are final, and the buffer restarts there.
@@ -220,12 +230,13 @@ class StreamSession:
 
 
 def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PAUSE_S,
-               drop_db: float = PAUSE_DB) -> int | None:
+               drop_db: float = PAUSE_DB, leading: bool = True) -> int | None:
     """The sample at the middle of the last pause of `audio` that ends after sample `since`, or None.
 
     A pause is a run of at least `pause_s` seconds of 20 ms frames all `drop_db` below the clip's
     speech level (the 90th percentile of its frame RMS); in digital silence the whole clip is one.
-    A run still open at the clip's end counts from its start to the end."""
+    A run still open at the clip's end counts from its start to the end. leading=False skips a run
+    that starts the clip (quiet before anything was said ends no utterance)."""
     frame = PAUSE_FRAME * rate // 16000
     n = len(audio) // frame
     need = int(round(pause_s * rate / frame))
@@ -240,20 +251,25 @@ def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PA
     for start, end in zip(edges[-2::-2], edges[::-2]):  # quiet runs [start, end), newest first
         if head + end * frame <= since:
             return None
-        if end - start >= need:
+        if end - start >= need and (leading or start > 0):
             return head + (start + end) * frame // 2
     return None
 
 
-def sound_span(audio: np.ndarray) -> tuple[int, int]:
-    """(first, last + 1) of the non-zero samples: a pass leaves out digital silence at the buffer's
-    edges (a muted or gated input, the gaps of a spliced recording). It carries no sound, and the
+def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_S) -> tuple[int, int]:
+    """The span a pass transcribes: the non-zero samples and at most `keep_s` of exact zeros on
+    each side. A pass leaves out longer digital silence at the buffer's edges (a muted or gated
+    input, the gaps of a spliced recording; a short run stays, as in the training clips and so
+    that a word followed by silence reads as ended). It carries no sound, and the
     front end standardises the features over the whole clip (§3), so a long run of exact zeros
     beside noisy speech shifts every frame's features: on the demo model, "Turn on the speaker in
     the office." read correctly alone became "The gold car is parked near the hospital." between
     1.4 s runs of zeros."""
     nz = np.flatnonzero(audio)
-    return (int(nz[0]), int(nz[-1]) + 1) if len(nz) else (0, 0)
+    if not len(nz):
+        return 0, 0
+    keep = int(keep_s * rate)
+    return int(nz[0]), min(len(audio), int(nz[-1]) + 1 + keep)
 
 
 def _join(words: Iterable[Word]) -> str:
