@@ -202,3 +202,12 @@ def test_the_utterance_re_read_from_its_start_past_the_horizon_is_not_committed_
     policy.update(later)
     result = policy.update(later)
     assert texts(result.committed) == ["dim", "the", "lights", "to", "sixty", "percent"]
+
+
+def test_agreed_words_ending_after_the_hold_stay_pending():
+    policy = CommitPolicy()
+    policy.update(hyp("one two three four"))  # words end at 0.45, 0.95, 1.45, 1.95 s
+    result = policy.update(hyp("one two three four"), hold_after_s=1.0)
+    assert texts(result.committed) == ["one", "two"] and texts(result.pending) == ["three", "four"]
+    result = policy.update(hyp("one two three four five"), hold_after_s=2.0)
+    assert texts(result.committed) == ["one", "two", "three", "four"]

@@ -108,15 +108,17 @@ class CommitPolicy:
         """End of the last committed word in seconds (0.0 before any); audio before it can be trimmed."""
         return self._committed[-1].end if self._committed else 0.0
 
-    def update(self, words: Iterable[Word | dict]) -> CommitResult:
+    def update(self, words: Iterable[Word | dict], hold_after_s: float | None = None) -> CommitResult:
         """Take one pass's hypothesis (words over the whole buffer, stream times) and commit what it
-        and the previous pass agree on beyond the committed words."""
+        and the previous pass agree on beyond the committed words; with hold_after_s, agreed words
+        ending after that time stay pending."""
         current = [Word.coerce(w) for w in words]
         tail = self._beyond_committed(current)
         before = self._beyond_committed(self._previous)
         agree = 0
         while agree < min(len(tail), len(before)) and \
-                normalise(tail[agree].word) == normalise(before[agree].word):
+                normalise(tail[agree].word) == normalise(before[agree].word) and \
+                (hold_after_s is None or tail[agree].end <= hold_after_s + _EPS):
             agree += 1
         new = self._commit(tail[:agree])
         self._pending = tail[agree:]

@@ -34,6 +34,11 @@ TRIM_MARGIN_S = 0.24
 PAUSE_S = 0.45
 PAUSE_DB = 40.0
 PAUSE_FRAME = 320  # samples: 20 ms at 16 kHz
+# Words two passes agree on are committed only once they end HOLD_S before the pass's audio ends;
+# the newest second stays pending, and at a pause the whole utterance is read at once. On the demo
+# stream (40 held-out sentences, run 5 model): streamed WER 14.0 % with no hold, 12.8 % with 1 s
+# (one-shot 10.5 %); median commit latency 1.54 s (1.5 s and 2 s holds: same WER, 1.84 / 2.25 s).
+HOLD_S = 1.0
 EDGE_ZEROS_S = 0.02  # digital silence a pass keeps at each edge of its audio (see sound_span)
 
 
@@ -159,7 +164,8 @@ class StreamSession:
         if result["language"] and not self.language:
             self.language = result["language"]  # detected on the first pass with speech, then held
         if result["speech"]:
-            self._commit(self.policy.update(words), out)
+            hold = None if gap is not None else (self._buffer_start + len(heard)) / self.rate - HOLD_S
+            self._commit(self.policy.update(words, hold), out)
         elif gap is None:
             gap = len(audio)  # silence gate (§8): the whole buffer is a pause
         if gap is not None:
