@@ -491,10 +491,10 @@ def test_clips(n: int, seed: int = 0) -> list[tuple[np.ndarray, str]]:
 MAX_SECONDS = 29.5  # a mixed clip never exceeds one 30 s window
 
 
-def mixed_items(n: int, seed: int = 0) -> list[dict]:
+def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
     """n extra training clip specs on TRAIN_VOICES, from their own sentence stream (test pool removed).
 
-    30 % "prefix": a sentence cut in the first 40 % of a word (espeak-ng voices, whose word times
+    30 % (`prefix`) "prefix": a sentence cut in the first 40 % of a word (espeak-ng voices, whose word times
     we read), the transcript the words before that one, the end abrupt (no trailing silence): what
     a streaming pass hears mid-sentence. Complete clips always end in silence, so the model can
     tell the two apart and still finish whole sentences.
@@ -514,7 +514,8 @@ def mixed_items(n: int, seed: int = 0) -> list[dict]:
     items = []
     for i in range(n):
         r, seed_i = rng.random(), int(_rng(seed, "mixed", i).integers(2 ** 31))
-        if r < 0.30:
+        multi = prefix + (1.0 - prefix) * (0.55 / 0.70)  # multi : long stays 55 : 15
+        if r < prefix:
             text = fresh()
             while len(text.split()) < 2:
                 text = fresh()
@@ -522,14 +523,14 @@ def mixed_items(n: int, seed: int = 0) -> list[dict]:
             items.append({"kind": "prefix", "source": text, "keep": keep, "voice": _pick(rng, espeak),
                           "seed": seed_i})
             continue
-        if r < 0.85:
+        if r < multi:
             parts = [fresh() for _ in range(int(rng.integers(2, 5)))]
         else:
             target, parts, estimate = rng.uniform(14.0, 27.0), [], 0.0
             while estimate < target:
                 parts.append(fresh())
                 estimate += 0.36 * len(parts[-1].split()) + 0.8  # ~170 wpm plus the pause
-        items.append({"kind": "multi" if r < 0.85 else "long", "parts": parts,
+        items.append({"kind": "multi" if r < multi else "long", "parts": parts,
                       "voice": _pick(rng, TRAIN_VOICES), "seed": seed_i})
     return items
 

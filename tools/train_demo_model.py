@@ -285,6 +285,8 @@ def main(argv=None) -> None:
                     help="weight of an auxiliary CTC loss on the encoder output (training only; 0: off)")
     ap.add_argument("--mix", type=int, default=0,
                     help="extra training clips from demo_data.mixed_items: sentence prefixes, 2-4 sentences, 14-27 s")
+    ap.add_argument("--prefix-share", type=float, default=0.30,
+                    help="share of --mix clips that are sentence prefixes (0 leaves them out)")
     ap.add_argument("--init", help="checkpoint .npz whose params and CTC head start the run (fresh optimiser "
                                    "and schedule: a second stage)")
     ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape); with --steps equal to "
@@ -311,7 +313,9 @@ def main(argv=None) -> None:
         "train": demo_data.write_split(demo_data.train_items(args.clips, args.seed), args.data, "train"),
     }
     if args.mix:
-        manifests["mixed"] = demo_data.write_split(demo_data.mixed_items(args.mix, args.seed), args.data, "mixed")
+        name = "mixed" if args.prefix_share == 0.30 else f"mixed-prefix{args.prefix_share:g}"
+        manifests["mixed"] = demo_data.write_split(demo_data.mixed_items(args.mix, args.seed, args.prefix_share),
+                                                   args.data, name)
     splits = {k: load_split(v) for k, v in manifests.items()}
     mixed = splits.pop("mixed", [])
     minutes = sum(len(r["pcm"]) for r in splits["train"]) / demo_data.RATE / 60
