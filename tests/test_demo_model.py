@@ -27,11 +27,12 @@ TEST_CLIPS = 200
 pytestmark = pytest.mark.slow
 
 # The bundled demo model is too weak for some acceptance lines of issues 5, 6 and 7: trained from
-# scratch on this 2-vCPU machine in ~1 hour it reaches held-out WER ~15% (see docs/demo-model.md),
-# knows single sentences of a few seconds only (no 30 s windows of several sentences) and answers a
-# partial sentence with a whole made-up one. Those lines stay open until a better model ships; the
+# scratch on this 2-vCPU machine in under 1.5 hours it reaches held-out WER ~14% (see
+# docs/demo-model.md), misreads many words of 30 s windows of several sentences, and a pass over a
+# partial sentence sometimes adds words the one-shot reading does not. Those lines stay open until a better model ships; the
 # tests run, print their numbers, and turn into passes when the model reaches them.
-WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER ~15%, single sentences only)",
+WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER ~14%; long windows and partial "
+                                     "sentences still misread)",
                               strict=False)
 
 
@@ -182,8 +183,9 @@ def _stream_of(n: int, seed: int):
     return build_stream(n, seed)
 
 
-@WEAK_DEMO
-def test_streamed_text_matches_one_shot_transcripts_without_seam_errors(demo):
+@pytest.fixture(scope="module")
+def streamed(demo):
+    """(streamed committed text, one-shot text of each utterance, truth) over a 165 s stream."""
     audio, utts = _stream_of(40, seed=5)
     assert 120 <= len(audio) / RATE <= 300
     session = demo.open_stream()
@@ -194,13 +196,23 @@ def test_streamed_text_matches_one_shot_transcripts_without_seam_errors(demo):
     streamed = " ".join(w["word"] for w in words)
     one_shot = " ".join(demo.transcribe(u[3])["text"] for u in utts)
     truth = " ".join(u[2] for u in utts)
-    stream_wer, shot_wer = wer([truth], [streamed]), wer([truth], [one_shot])
+    return streamed, one_shot, truth
+
+
+def test_streamed_text_is_within_one_point_of_one_shot_wer(streamed):
+    text, one_shot, truth = streamed
+    stream_wer, shot_wer = wer([truth], [text]), wer([truth], [one_shot])
     print(f"stream WER {stream_wer:.2%} vs one-shot {shot_wer:.2%}")
     assert stream_wer - shot_wer <= 0.01
-    # Seams: no word doubled or dropped between the one-shot text and the stream.
-    s, d, i = edit_ops(normalise(one_shot), normalise(streamed))
+
+
+@WEAK_DEMO
+def test_streamed_text_has_no_dropped_or_doubled_words_against_one_shot(streamed):
+    text, one_shot, _ = streamed
+    s, d, i = edit_ops(normalise(one_shot), normalise(text))
+    print(f"stream vs one-shot: {s} substitutions, {d} deletions, {i} insertions")
     assert d + i <= 0.01 * len(normalise(one_shot)), (s, d, i)
-    hyp = normalise(streamed)
+    hyp = normalise(text)
     doubled = [hyp[k] for k in range(1, len(hyp)) if hyp[k] == hyp[k - 1]]
     ref = normalise(one_shot)
     assert len(doubled) <= sum(ref[k] == ref[k - 1] for k in range(1, len(ref)))
