@@ -23,6 +23,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import wave
 from concurrent.futures import ProcessPoolExecutor
@@ -337,6 +338,11 @@ def _read_wav(path: str) -> tuple[np.ndarray, int]:
     return np.frombuffer(frames, "<i2").astype(np.float32) / 32768.0, rate
 
 
+def _espeak_cmd(text: str, name: str, speed: int, pitch: int, path: str) -> list[str]:
+    """The espeak-ng command line that writes text to the WAV at path (synthesize, espeak_words)."""
+    return ["espeak-ng", "-v", name, "-s", str(speed), "-p", str(pitch), "-w", path, text]
+
+
 def synthesize(text: str, voice: str, rng: np.random.Generator) -> np.ndarray:
     """Speak text with a voice ("espeak-ng/en-us+f2" or "flite/slt"), float32 16 kHz.
 
@@ -348,7 +354,7 @@ def synthesize(text: str, voice: str, rng: np.random.Generator) -> np.ndarray:
         path = os.path.join(tmp, "out.wav")
         if engine == "espeak-ng":
             speed, pitch = int(rng.integers(130, 221)), int(rng.integers(30, 71))
-            cmd = ["espeak-ng", "-v", name, "-s", str(speed), "-p", str(pitch), "-w", path, text]
+            cmd = _espeak_cmd(text, name, speed, pitch, path)
         elif engine == "flite":
             stretch, f0 = rng.uniform(0.8, 1.25), rng.uniform(0.85, 1.15)
             base_f0 = 170.0 if name == "slt" else 105.0
@@ -410,14 +416,12 @@ def espeak_words(text: str, name: str, speed: int, pitch: int) -> tuple[np.ndarr
 
     The audio is the `espeak-ng -w` output; a word espeak merged into its neighbour starts at -1.
     """
-    import sys
     found = subprocess.run([sys.executable, "-c", _WORD_STARTS, text, name, str(speed), str(pitch)],
                            check=True, capture_output=True, text=True)
     info = json.loads(found.stdout)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "out.wav")
-        subprocess.run(["espeak-ng", "-v", name, "-s", str(speed), "-p", str(pitch), "-w", path, text],
-                       check=True, capture_output=True)
+        subprocess.run(_espeak_cmd(text, name, speed, pitch, path), check=True, capture_output=True)
         audio, rate = _read_wav(path)
     if rate != info["rate"]:
         raise RuntimeError(f"espeak-ng library rate {info['rate']} != command line rate {rate}")
@@ -494,8 +498,8 @@ MAX_SECONDS = 29.5  # a mixed clip never exceeds one 30 s window
 def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
     """n extra training clip specs on TRAIN_VOICES, from their own sentence stream (test pool removed).
 
-    30 % (`prefix`) "prefix": a sentence cut in the first 40 % of a word (espeak-ng voices, whose word times
-    we read), the transcript the words before that one, the end abrupt (no trailing silence): what
+    30 % (`prefix`) "prefix": a sentence cut in the first 40 % of a word (espeak-ng voices, whose
+    word times we read), the transcript the words before that one, the end abrupt (no trailing silence): what
     a streaming pass hears mid-sentence. Complete clips always end in silence, so the model can
     tell the two apart and still finish whole sentences.
     55 % "multi": 2-4 sentences by one voice with 0.1-0.9 s pauses between them.
@@ -511,10 +515,10 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
                 return text
 
     espeak = [v for v in TRAIN_VOICES if v.startswith("espeak-ng/")]
+    multi = prefix + (1.0 - prefix) * (0.55 / 0.70)  # multi : long stays 55 : 15
     items = []
     for i in range(n):
         r, seed_i = rng.random(), int(_rng(seed, "mixed", i).integers(2 ** 31))
-        multi = prefix + (1.0 - prefix) * (0.55 / 0.70)  # multi : long stays 55 : 15
         if r < prefix:
             text = fresh()
             while len(text.split()) < 2:

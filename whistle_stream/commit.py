@@ -6,8 +6,8 @@ are set aside first (words lying mostly before the committed time horizon, then 
 committed tail near the horizon, or of the current utterance's committed words from its start
 when a pass places them later), a loop at the hypothesis end is cut back to one copy (§6 loop
 rule, on word texts) and so is a doubled ending (a unit of 3 or more words twice in a row: a small
-model continuing a sentence heard in part by saying it again), and the longest prefix on which this pass and the previous one agree word for
-word is committed. Committed words never change; the rest of the pass is pending.
+model continuing a sentence heard in part by saying it again), and the longest prefix on which
+this pass and the previous one agree word for word is committed. Committed words never change; the rest of the pass is pending.
 """
 
 from __future__ import annotations

@@ -602,12 +602,6 @@ def _product_typed(xr, codes, norms, levels, group, out):
     return lambda xr, codes, norms, levels, group, out: _levels_rows(xr, codes, norms, group, out)
 
 
-@njit(inline="always", **JIT_OPTIONS)
-def _padded_rotation(rows):
-    """Rows of a rotated activation: the products take them five at a time (the pad is zeros)."""
-    return rows + (-rows) % 5
-
-
 @_jit(GEMM_FASTMATH)
 def _block_step(x, stream, hres, hpost, u, out, weights, n_rows, start, hq, hk, hv, k_pool, v_pool, anc,
                 scores, k_codes, k_scale, v_codes, v_scale,
@@ -624,7 +618,7 @@ def _block_step(x, stream, hres, hpost, u, out, weights, n_rows, start, hq, hk, 
     cross-attention weights (word timestamps read them)."""
     n = x.shape[0]
     n_new = n // n_rows
-    pad = _padded_rotation(n)
+    pad = n + (-n) % 5  # rotated activations padded with zero rows: the products take five at a time
     dq = k_pool.shape[3]
     dv = v_pool.shape[3]
 
