@@ -145,6 +145,12 @@ def test_mixed_specs_are_seeded_prefix_stable_and_held_out():
             assert 2 <= len(it["parts"]) <= 4
 
 
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_a_prefix_share_outside_0_to_1_is_refused(share):
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        demo_data.mixed_items(10, prefix=share)
+
+
 @needs_tts
 def test_espeak_word_starts_are_ordered_and_repeatable():
     text = "Set a timer for twenty-five minutes, then turn on the kitchen lights."

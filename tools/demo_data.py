@@ -505,6 +505,8 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
     55 % "multi": 2-4 sentences by one voice with 0.1-0.9 s pauses between them.
     15 % "long": sentences by one voice until an estimated 14-27 s: what a long-audio window holds.
     """
+    if not 0.0 <= prefix <= 1.0:
+        raise ValueError(f"prefix is the share of prefix clips, from 0 to 1; got {prefix!r}")
     rng, reserved = _rng(seed, "mixed"), _reserved(seed)
     source = _rng(seed, "mixed-sentences")
 

@@ -292,6 +292,8 @@ def main(argv=None) -> None:
     ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape); with --steps equal to "
                                      "its step, only scores it")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.prefix_share <= 1.0:
+        ap.error(f"--prefix-share is a share from 0 to 1, got {args.prefix_share}")
     t0 = time.time()
 
     import jax
