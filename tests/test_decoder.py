@@ -31,8 +31,10 @@ from whistle_stream import kernels as K
 from whistle_stream.container import CactFile
 from whistle_stream.blocks import fake_quant_int8
 from whistle_stream.decoder import Decoder, _memory_codes, ladder_layers, ladder_order, sinusoids
+from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
 from whistle_stream.decoder_kernels import (
-    _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _exp_rows, _gather_levels, _levels_rows,
+    _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
+    _gather_levels, _gather_rows, _levels_rows,
 )
 
 # Stated tolerances, as fractions of the reference logits' standard deviation (module docstring).
@@ -89,7 +91,7 @@ def test_pool_attention_reads_each_beams_own_positions():
     start, S = 5, 2
     q = rng.standard_normal((R, S, H, dq)).astype(np.float32)
     out = np.empty((R, S, H, dv), np.float32)
-    _attend_pool(q, k_pool, v_pool, anc, start, np.float32(1.5), np.float32(0.25), np.empty(T, np.float32), out)
+    _attend_pool(q, k_pool, v_pool, anc, start, np.float32(1.5), np.float32(0.25), np.empty((H // KH, T), np.float32), out)
     for b in range(R):
         for i in range(S):
             p = start + i
@@ -147,6 +149,106 @@ def test_rotated_products_equal_the_dequantised_product():
     got = np.empty((3, k_pad), np.float32)
     _gather_levels(codes, norms, codebook, picked, group, got)
     np.testing.assert_array_equal(got, codebook[codes[picked]] * np.repeat(norms[picked], group, axis=1))
+
+
+def walsh_hadamard(n):
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(np.float32)
+
+
+def naive_engram_indices(seq, depth, start, orders, hashes, stride, slots):
+    """needle `engram_indices` over numpy uint32 (wrapping multiply), tokens before 0 read as 0."""
+    seq = seq.astype(np.uint32)
+    rows, total = seq.shape
+    n_new = total - depth
+    idx, ok = [], []
+    for oi, order in enumerate(orders):
+        for h in range(hashes):
+            acc = np.full((rows, n_new), (ENGRAM_SEED * (oi * stride + h + 1)) & 0xFFFFFFFF, np.uint32)
+            for j in range(order):
+                acc = (acc ^ seq[:, depth - j: depth - j + n_new]) * np.uint32(ENGRAM_PRIME)
+            acc = acc ^ (acc >> np.uint32(ENGRAM_SHIFT))
+            idx.append((acc % np.uint32(slots)).astype(np.int64))
+            ok.append(np.broadcast_to(start + np.arange(n_new) >= order - 1, (rows, n_new)))
+    return np.stack(idx, -1), np.stack(ok, -1).astype(np.float32)
+
+
+def test_engram_hash_is_the_uint32_ngram_hash():
+    rng = np.random.default_rng(11)
+    depth, orders, hashes, stride, slots = 2, np.array([2, 3], np.int64), 3, 4, 18432
+    for start, n_new in ((0, 4), (1, 1), (7, 3)):
+        seq = rng.integers(0, 70000, (3, depth + n_new)).astype(np.int64)
+        seq[:, :depth] = 0 if start == 0 else seq[:, :depth]
+        idx = np.empty((3, n_new, 6), np.int64)
+        ok = np.empty((3, n_new, 6), np.float32)
+        _engram_hash(seq, depth, start, orders, hashes, stride, ENGRAM_SEED, ENGRAM_PRIME, ENGRAM_SHIFT, slots,
+                     idx, ok)
+        want_idx, want_ok = naive_engram_indices(seq, depth, start, orders, hashes, stride, slots)
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_array_equal(ok, want_ok)
+
+
+def test_engram_site_gathers_quantises_projects_and_taps():
+    rng = np.random.default_rng(12)
+    tables, slots, sub, group, width, dil = 2, 5, 6, 8, 7, 2
+    t_pad, kv_pad = 8, 16  # table rows padded to the group; kv input = tables * sub = 12, padded to 16
+    t_codebook = np.sort(rng.standard_normal(16)).astype(np.float32)
+    t_codes = rng.integers(0, 16, (tables * slots, t_pad)).astype(np.uint8)
+    t_norms = rng.uniform(0.5, 2, (tables * slots, 1)).astype(np.float32)
+    kv_levels = np.sort(rng.standard_normal(4)).astype(np.float32)
+    kv_codes = rng.integers(0, 4, (2 * width, kv_pad)).astype(np.uint8)
+    kv_norms = rng.uniform(0.5, 2, (2 * width, 2)).astype(np.float32)
+    taps = rng.standard_normal((3, width)).astype(np.float32)
+    rows, n_new, start = 2, 2, 3
+    hist = rng.standard_normal((3, (3 - 1) * dil, width)).astype(np.float32)
+    idx = rng.integers(0, slots, (rows * n_new, tables)).astype(np.int64)
+    ok = np.array([[1, 1], [1, 0], [0, 1], [1, 1]], np.float32)
+    key = np.empty((rows * n_new, width), np.float32)
+    value = np.empty_like(key)
+    hist_in = hist.copy()
+    _engram_site(idx, ok, t_codes, t_norms, t_codebook, group, slots, sub, kv_codes, kv_norms, kv_levels, group,
+                 taps, dil, hist, rows, start, key, value)
+    # the twin: dequantised table rows (codebook x norm, then the Hadamard rotation), masked, int8
+    fetched = np.zeros((rows * n_new, tables * sub), np.float32)
+    for m in range(rows * n_new):
+        for t in range(tables):
+            r = t * slots + idx[m, t]
+            dense = (t_codebook[t_codes[r]] * t_norms[r, 0]) @ walsh_hadamard(group)
+            fetched[m, t * sub:(t + 1) * sub] = dense[:sub] * ok[m, t]
+    fetched = fake_quant_int8(fetched)
+    rotated = np.pad(fetched, ((0, 0), (0, kv_pad - tables * sub))).reshape(-1, 2, group) @ walsh_hadamard(group)
+    y = np.einsum("rgk,ngk,ng->rn", rotated.astype(np.float64),
+                  kv_levels[kv_codes].reshape(2 * width, 2, group), kv_norms)
+    np.testing.assert_allclose(key, y[:, :width], rtol=1e-4, atol=1e-4)
+    raw = y[:, width:].reshape(rows, n_new, width).astype(np.float32)
+    want = naive_taps(raw, hist_in[:rows], taps, dil, start)
+    np.testing.assert_allclose(value.reshape(rows, n_new, width), want, rtol=1e-4, atol=1e-4)
+    joined = np.concatenate([hist_in[:rows], raw], axis=1)
+    np.testing.assert_allclose(hist[:rows], joined[:, n_new:], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(hist[rows:], hist_in[rows:])  # rows past the live ones untouched
+
+
+def test_gather_rows_reorders_every_array_and_leaves_spare_rows():
+    rng = np.random.default_rng(13)
+    arrays = [rng.standard_normal((5, 2, k)).astype(np.float32) for k in (3, 4, 1)]
+    before = [a.copy() for a in arrays]
+    parents = np.array([2, 2, 0], np.int64)
+    _gather_rows(parents, *arrays)
+    for a, b in zip(arrays, before):
+        np.testing.assert_array_equal(a[:3], b[parents])
+        np.testing.assert_array_equal(a[3:], b[3:])
+
+
+def test_engram_mix_adds_the_gated_value():
+    rng = np.random.default_rng(14)
+    x, key, value = (rng.standard_normal((3, 16)).astype(np.float32) for _ in range(3))
+    unit = lambda v: v / np.sqrt((v.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)  # noqa: E731
+    gate = 1 / (1 + np.exp(-(unit(x) * unit(key)).sum(-1) / 4.0))
+    want = x + gate[:, None] * value
+    _engram_mix(x, key, value, np.float32(1e-6), np.float32(4.0))
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-5)
 
 
 def test_vectorised_exp_is_within_two_ulps():

@@ -131,6 +131,29 @@ def test_fwht_rows_is_the_normalised_walsh_hadamard_per_group_with_zero_padding(
     np.testing.assert_allclose(got.reshape(3, 2, 128), padded @ walsh_hadamard(128), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("group", [2, 4, 8, 16, 64])
+def test_fwht_rows_small_groups_take_the_same_transform(group):
+    """Groups of 8 and more run their first three stages as one unrolled 8-point transform."""
+    x = rand(4, 3 * group - 1)
+    got = np.empty((4, 3 * group), np.float32)
+    K._fwht_rows(x, group, got)
+    padded = np.pad(x, ((0, 0), (0, 1))).reshape(4, 3, group)
+    np.testing.assert_allclose(got.reshape(4, 3, group), padded @ walsh_hadamard(group), rtol=1e-5, atol=1e-5)
+
+
+def test_fake_quant_in_place_equals_out_of_place():
+    """The kernel runs in place (x is out) in most callers; the result must not depend on it."""
+    x = rand(5, 2048) * 3
+    x[1] = 0.0  # all-zero row: scale 1
+    x[2, :4] = [0.5, -0.5, 1.5, -2.5]
+    want = np.empty_like(x)
+    K._fake_quant_rows(x, want)
+    inplace = x.copy()
+    K._fake_quant_rows(inplace, inplace)
+    np.testing.assert_array_equal(inplace, want)
+    np.testing.assert_array_equal(want, twin_fake_quant(x))
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("rows", [1, 5, 30])
 def test_rotated_linear_matches_the_dequantised_matrix(bits, rows):

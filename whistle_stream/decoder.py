@@ -30,8 +30,8 @@ from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
 from .decoder_kernels import (
-    _block_step, _causal_taps, _codes2_rows, _gather_levels, _lanes_in, _levels_rows, _norm_quant_rotate,
-    _quant_codes,
+    _block_step, _codes2_rows, _engram_hash, _engram_site, _gather_levels, _gather_rows, _levels_rows,
+    _norm_quant_rotate, _quant_codes,
 )
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
@@ -266,8 +266,10 @@ class DecoderState:
     anc: np.ndarray  # (capacity, max_tokens) int32: pool row of each beam's position
     tap_hist: list  # per kept layer [q, k, v] each (capacity, taps - 1, features)
     engram_hist: dict  # site -> (capacity, (conv taps - 1) * dilation, width) raw value rows
+    histories: tuple  # every tap_hist and engram_hist array: what a beam reorder gathers
     token_hist: np.ndarray  # (capacity, max order - 1) int64, the last tokens (0 before the start)
-    scores: np.ndarray  # (max_tokens,) float32 attention scratch
+    scores: np.ndarray  # (heads per kv head, max_tokens) float32 attention scratch
+    layer_args: list  # per kept layer: `_block_step`'s arguments after the per-step ones
 
 
 class Decoder:
@@ -298,10 +300,12 @@ class Decoder:
         self.q_scale = np.float32(math.sqrt(fused / d.qk_dim))
         self.logit_scale = np.float32(1.0 / math.sqrt(fused))
         self.orders = tuple(d.engram_orders)
+        self.order_array = np.array(self.orders, np.int64)
         self.hashes = d.engram_hashes
         self.hash_stride = d.engram_seed_heads or d.engram_hashes
         self.engram_depth = (d.engram_conv_taps - 1) * d.engram_dilation
         self.hada_ident = np.arange(d.hada_n, dtype=np.int64)
+        self._no_engram = np.zeros((0, d.width), np.float32)  # a layer without an engram site
 
     # ---------------------------------------------------------------- public API
 
@@ -335,14 +339,28 @@ class Decoder:
         tap_hist = [[np.zeros((cap, depth, n), np.float32)
                      for n in (d.heads * d.qk_dim, d.kv_heads * d.qk_dim, d.kv_heads * d.v_dim)]
                     for _ in self.layers]
-        return DecoderState(
+        engram_hist = {s: np.zeros((cap, self.engram_depth, d.width), np.float32) for s in self.engrams}
+        state = DecoderState(
             frames=frames, capacity=cap, rows=1, position=0, cross_k=cross_k, cross_v=cross_v,
             k_pool=[np.zeros((T, cap, d.kv_heads, d.qk_dim), np.float32) for _ in self.layers],
             v_pool=[np.zeros((T, cap, d.kv_heads, d.v_dim), np.float32) for _ in self.layers],
-            anc=np.zeros((cap, T), np.int32), tap_hist=tap_hist,
-            engram_hist={s: np.zeros((cap, self.engram_depth, d.width), np.float32) for s in self.engrams},
+            anc=np.zeros((cap, T), np.int32), tap_hist=tap_hist, engram_hist=engram_hist,
+            histories=tuple(h for hist in tap_hist for h in hist) + tuple(engram_hist.values()),
             token_hist=np.zeros((cap, max(max(self.orders, default=1) - 1, 0)), np.int64),
-            scores=np.empty(T, np.float32))
+            scores=np.empty((d.heads // d.kv_heads, T), np.float32), layer_args=[])
+        # Everything `_block_step` takes after its per-step arguments, built once per clip (packing
+        # ~80 arguments per layer per step was a tenth of a millisecond of a 5-beam step).
+        consts = (self.rope_cos, self.rope_sin, NORM_EPS, d.heads, d.kv_heads, self.q_scale, self.logit_scale,
+                  self.hada_ident)
+        lanes = self.lanes
+        for li, layer in enumerate(self.layers):
+            i = layer.index
+            state.layer_args.append((
+                lanes.phi[i].weight, lanes.a_pre[i], lanes.a_post[i], lanes.a_res[i], lanes.b_pre[i],
+                lanes.b_post[i], lanes.b_res[i], layer.lane, SINKHORN_ITERS, self.embed_scale,
+                *tap_hist[li], state.k_pool[li], state.v_pool[li], state.anc, state.scores, *cross_k[li],
+                *cross_v[li], *layer.step_args, *consts))
+        return state
 
     def feed(self, state: DecoderState, tokens) -> np.ndarray:
         """Feed a run of tokens (S,) to every live row (the prompt); returns (rows, S, vocab)."""
@@ -426,53 +444,33 @@ class Decoder:
             return
         t = state.position
         state.anc[:rows, :t] = state.anc[parents, :t]
-        for hist in state.tap_hist:
-            for h in hist:
-                h[:rows] = h[parents]
-        for h in state.engram_hist.values():
-            h[:rows] = h[parents]
+        _gather_rows(parents, *state.histories)
         state.token_hist[:rows] = state.token_hist[parents]
         state.rows = rows
 
     def _engram_rows(self, state: DecoderState, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Hashed n-gram table indices (B, S, tables) and their validity (B, S, tables) for the new
-        positions (needle `engram_indices`: uint32 arithmetic, tokens before the start read as 0)."""
+        """Hashed n-gram table indices (B*S, tables) int64 and their validity (B*S, tables) float32
+        for the new positions (needle `engram_indices`: uint32 arithmetic, tokens before the start
+        read as 0)."""
         rows, n_new = tokens.shape
-        start = state.position
-        hist = state.token_hist[:rows]
-        seq = np.concatenate([hist, tokens], axis=1).astype(np.uint32)  # (B, H + S)
-        depth = hist.shape[1]
-        slots = np.uint32(self.dims.engram_slots)
-        prime = np.uint32(ENGRAM_PRIME)
-        idx, ok = [], []
-        positions = start + np.arange(n_new)
-        for oi, order in enumerate(self.orders):
-            for h in range(self.hashes):
-                seed = np.uint32((ENGRAM_SEED * (oi * self.hash_stride + h + 1)) & 0xFFFFFFFF)
-                acc = np.full((rows, n_new), seed, np.uint32)
-                for j in range(order):
-                    acc = (acc ^ seq[:, depth - j: depth - j + n_new]) * prime
-                acc = acc ^ (acc >> np.uint32(ENGRAM_SHIFT))
-                idx.append((acc % slots).astype(np.int64))
-                ok.append(np.broadcast_to(positions >= order - 1, (rows, n_new)))
-        return np.stack(idx, axis=-1), np.stack(ok, axis=-1)
+        seq = np.concatenate([state.token_hist[:rows], tokens], axis=1)  # (B, H + S)
+        tables = len(self.orders) * self.hashes
+        idx = np.empty((rows, n_new, tables), np.int64)
+        ok = np.empty((rows, n_new, tables), np.float32)
+        _engram_hash(seq, state.token_hist.shape[1], state.position, self.order_array, self.hashes,
+                     self.hash_stride, ENGRAM_SEED, ENGRAM_PRIME, ENGRAM_SHIFT, self.dims.engram_slots, idx, ok)
+        return idx.reshape(rows * n_new, tables), ok.reshape(rows * n_new, tables)
 
     def _engram(self, state, site: int, idx: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(key, value) rows (B*S, width) of one engram site for the new positions."""
         e = self.engrams[site]
-        rows, n_new, tables = idx.shape
         d = self.dims
-        table_rows = (np.arange(tables) * d.engram_slots)[None, None, :] + idx
-        fetched = e.fetch(np.ascontiguousarray(table_rows.reshape(-1)))  # (B*S*tables, sub)
-        fetched *= ok.reshape(-1, 1)
-        fetched = B.fake_quant_int8(fetched.reshape(rows * n_new, tables * e.sub_dim))
-        key, raw = e.kv.split(e.kv(fetched))
-        raw = np.ascontiguousarray(raw).reshape(rows, n_new, d.width)
-        value = np.empty_like(raw)
-        hist = state.engram_hist[site]
-        _causal_taps(raw, np.ascontiguousarray(hist[:rows]), e.taps, d.engram_dilation, state.position, value)
-        _push_history(hist, rows, raw)
-        return key, value.reshape(rows * n_new, d.width)
+        key = np.empty((idx.shape[0], d.width), np.float32)
+        value = np.empty_like(key)
+        _engram_site(idx, ok, e.codes, e.norms, e.codebook, e.group, d.engram_slots, e.sub_dim, e.kv.codes,
+                     e.kv.norms, e.kv.levels, e.kv.group, e.taps, d.engram_dilation, state.engram_hist[site],
+                     state.rows, state.position, key, value)
+        return key, value
 
     def _forward(self, state: DecoderState, tokens: np.ndarray, collect=None) -> np.ndarray:
         """Feed tokens (B, S) at positions position .. position+S-1 of the B live rows; returns the
@@ -482,7 +480,7 @@ class Decoder:
         start = state.position
         state.anc[:rows, start:start + n_new] = np.arange(rows, dtype=np.int32)[:, None]
         x = self.embedding[tokens.reshape(-1)] * self.embed_scale  # (B*S, width)
-
+        n = rows * n_new
         engram = {}
         if self.engrams:
             idx, ok = self._engram_rows(state, tokens)
@@ -492,32 +490,14 @@ class Decoder:
             _push_history(state.token_hist, rows, tokens)
 
         stream = self.lanes.expand(x)  # (B*S, lanes, width)
-        n = rows * n_new
-        u = np.empty((n, d.width), np.float32)
-        hpost = np.empty((n, d.lanes), np.float32)
-        hres = np.empty((n, d.lanes, d.lanes), np.float32)
-        consts = (self.rope_cos, self.rope_sin, NORM_EPS, d.heads, d.kv_heads, self.q_scale, self.logit_scale,
-                  self.hada_ident)
+        spare = np.empty_like(stream)
+        weights = np.empty((n, d.heads, state.frames), np.float32)
         for li, layer in enumerate(self.layers):
-            lanes = self.lanes
-            i = layer.index
-            _lanes_in(stream, lanes.phi[i].weight, lanes.a_pre[i], lanes.a_post[i], lanes.a_res[i],
-                      lanes.b_pre[i], lanes.b_post[i], lanes.b_res[i], layer.lane, NORM_EPS, SINKHORN_ITERS,
-                      u, hpost, hres)
-            x = u.copy()
-            if layer.site is not None and layer.site in engram:
-                key, value = engram[layer.site]
-                score = np.einsum("rd,rd->r", B.rms_unit(x), B.rms_unit(key)) / self.embed_scale
-                x = x + B.sigmoid(score)[:, None] * value
-            weights = np.empty((n, d.heads, state.frames), np.float32)
-            out = np.empty_like(stream)
-            hq, hk, hv = state.tap_hist[li]
-            _block_step(x, stream, hres, hpost, u, out, weights, rows, start, hq, hk, hv, state.k_pool[li],
-                        state.v_pool[li], state.anc, state.scores, *state.cross_k[li], *state.cross_v[li],
-                        *layer.step_args, *consts)
+            key, value = engram.get(layer.site, (self._no_engram, self._no_engram))
             if collect is not None and layer.index in collect[0]:
-                collect[1][layer.index] = weights
-            stream = out
+                weights = collect[1][layer.index] = np.empty((n, d.heads, state.frames), np.float32)
+            _block_step(stream, spare, weights, key, value, rows, start, *state.layer_args[li])
+            stream, spare = spare, stream
         xr = np.empty((n, self.head.k_pad), np.float32)
         _norm_quant_rotate(np.ascontiguousarray(stream.mean(axis=1, dtype=np.float32)), self.lanes.final_norm,
                            NORM_EPS, self.head.group, xr)

@@ -66,8 +66,10 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
     q (B, S, H, dq): int8-fake-quantised queries at positions start .. start+S-1;
     k_pool (T, R, KH, dq), v_pool (T, R, KH, dv): position s of pool row r;
     anc (B_cap, T) int32: pool row holding position s of beam b (the block table);
-    scores (T,) float32 scratch; out (B, S, H, dv).
-    Query head h reads kv head h // (H // KH) (grouped heads, as jax's dot_product_attention).
+    scores (H // KH, T) float32 scratch; out (B, S, H, dv).
+    Query head h reads kv head h // (H // KH) (grouped heads, as jax's dot_product_attention): the
+    heads of a group are done together, so each key and value row, read in place through the
+    block table, serves all of them (2.2x faster than gathering the rows first).
     Logits are ((q * q_scale) . k) * logit_scale, the reference's flash path.
     """
     n_rows, n_new, heads, dq = q.shape
@@ -75,46 +77,51 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
     dv = v_pool.shape[3]
     group = heads // kv_heads
     positions = start + n_new
-    keys = np.empty((positions, dq), np.float32)  # one beam's keys and values of one kv head
-    values = np.empty((positions, dv), np.float32)
-    qs = np.empty(dq, np.float32)
-    shifted = np.empty(scores.shape[0], np.float32)
-    bits = np.empty(scores.shape[0], np.int32)
+    qs = np.empty((group, dq), np.float32)
+    shifted = np.empty(positions, np.float32)
+    bits = np.empty(positions, np.int32)
+    acc = np.empty((group, dv), np.float32)
     for b in range(n_rows):
         for g in range(kv_heads):
-            for s in range(positions):  # gathered once through the block table for the group's heads
-                keys[s] = k_pool[s, anc[b, s], g]
-                values[s] = v_pool[s, anc[b, s], g]
             for i in range(n_new):
                 p = start + i
-                for h in range(g * group, (g + 1) * group):
+                for j in range(group):
                     for d in range(dq):
-                        qs[d] = q[b, i, h, d] * q_scale
+                        qs[j, d] = q[b, i, g * group + j, d] * q_scale
+                for s in range(p + 1):
+                    kr = k_pool[s, anc[b, s], g]
+                    for j in range(group):
+                        qj = qs[j]
+                        a = np.float32(0.0)
+                        for d in range(dq):
+                            a += qj[d] * kr[d]
+                        scores[j, s] = a * logit_scale
+                for j in range(group):  # softmax as exp(x - max) / sum
+                    row = scores[j]
                     top = np.float32(-np.inf)
                     for s in range(p + 1):
-                        kr = keys[s]
-                        acc = np.float32(0.0)
-                        for d in range(dq):
-                            acc += qs[d] * kr[d]
-                        acc *= logit_scale
-                        scores[s] = acc
-                        if acc > top:
-                            top = acc
+                        top = max(top, row[s])
                     for s in range(p + 1):
-                        shifted[s] = scores[s] - top
-                    _exp_neg(shifted, scores, bits, p + 1)
+                        shifted[s] = row[s] - top
+                    _exp_neg(shifted, row, bits, p + 1)
                     total = np.float32(0.0)
                     for s in range(p + 1):
-                        total += scores[s]
+                        total += row[s]
                     inv = np.float32(1.0) / total
-                    o = out[b, i, h]
-                    for d in range(dv):
-                        o[d] = 0.0
                     for s in range(p + 1):
-                        w = scores[s] * inv
-                        vr = values[s]
+                        row[s] *= inv
+                acc[:] = 0.0
+                for s in range(p + 1):
+                    vr = v_pool[s, anc[b, s], g]
+                    for j in range(group):
+                        w = scores[j, s]
+                        aj = acc[j]
                         for d in range(dv):
-                            o[d] += w * vr[d]
+                            aj[d] += w * vr[d]
+                for j in range(group):
+                    o = out[b, i, g * group + j]
+                    for d in range(dv):
+                        o[d] = acc[j, d]
 
 
 @_jit()
@@ -583,6 +590,92 @@ def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b,
             x[r, c] = x[r, c] + d4[c] * y[r, c]
 
 
+# ---------------------------------------------------------------- engram sites (guide §6)
+
+
+@_jit()
+def _engram_hash(seq, depth, start, orders, hashes, stride, seed, prime, shift, slots, idx, ok):
+    """Hashed n-gram table indices of the new positions (needle `engram_indices`, uint32 arithmetic).
+
+    seq (B, depth + S) int64: each row's last `depth` tokens (0 before the start) then its S new
+    tokens; orders (O,) int64. For order o (index oi) and hash head h, table t = oi * hashes + h:
+    acc = seed * (oi * stride + h + 1); acc = (acc ^ token) * prime over the o newest tokens, newest
+    first; idx[b, i, t] = (acc ^ (acc >> shift)) % slots, ok[b, i, t] = position >= o - 1.
+    """
+    mask = np.int64(0xFFFFFFFF)
+    n_rows = seq.shape[0]
+    n_new = seq.shape[1] - depth
+    for b in range(n_rows):
+        for i in range(n_new):
+            for oi in range(orders.shape[0]):
+                order = orders[oi]
+                for h in range(hashes):
+                    acc = (seed * (oi * stride + h + 1)) & mask
+                    for j in range(order):
+                        acc = ((acc ^ (seq[b, depth + i - j] & mask)) * prime) & mask
+                    acc = acc ^ (acc >> shift)
+                    t = oi * hashes + h
+                    idx[b, i, t] = acc % slots
+                    ok[b, i, t] = np.float32(1.0) if start + i >= order - 1 else np.float32(0.0)
+
+
+@_jit(GEMM_FASTMATH)
+def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_codes, kv_norms, kv_levels,
+                 kv_group, taps, dilation, hist, n_rows, start, key, value):
+    """One engram site's key and value rows for the new positions (needle `Engram`, guide §6).
+
+    idx, ok (B*S, tables): table indices and validity; the gathered rows (dequantised CQ rows of
+    each table, cut to `sub` = sub_dim, zeroed where not ok) are int8-quantised
+    together and projected by the stacked [key | value] matrix; the value rows then pass the
+    dilated causal taps over `hist` (capacity, H, width), which receives the raw value rows.
+    key, value (B*S, width).
+    """
+    n, tables = idx.shape
+    width = key.shape[1]
+    rows_sel = np.empty(n * tables, np.int64)
+    for m in range(n):
+        for t in range(tables):
+            rows_sel[m * tables + t] = t * slots + idx[m, t]
+    rot = np.empty((n * tables, t_codes.shape[1]), np.float32)
+    _gather_levels(t_codes, t_norms, t_codebook, rows_sel, t_group, rot)
+    deq = np.empty_like(rot)
+    _fwht_rows(rot, t_group, deq)
+    fetched = np.empty((n, tables * sub), np.float32)
+    for m in range(n):
+        for t in range(tables):
+            w = ok[m, t]
+            src = deq[m * tables + t]
+            for c in range(sub):
+                fetched[m, t * sub + c] = src[c] * w
+    _fake_quant_rows(fetched, fetched)
+    pad = n + (-n) % 5
+    hr = np.zeros((pad, kv_codes.shape[1]), np.float32)
+    _fwht_rows(fetched, kv_group, hr[:n])
+    y = np.empty((pad, kv_codes.shape[0]), np.float32)
+    _product(hr, kv_codes, kv_norms, kv_levels, kv_group, y)
+    n_new = n // n_rows
+    raw = np.empty((n_rows, n_new, width), np.float32)
+    for m in range(n):
+        for c in range(width):
+            key[m, c] = y[m, c]
+            raw[m // n_new, m % n_new, c] = y[m, width + c]
+    _causal_taps(raw, hist[:n_rows], taps, dilation, start, value.reshape((n_rows, n_new, width)))
+    _push_rows(hist, n_rows, raw)
+
+
+@_jit()
+def _gather_rows(parents, *arrays):
+    """a[:len(parents)] = a[parents] for each of the arrays (a beam reorder). Star arguments: a
+    tuple argument costs ~2 us of dispatch per array, separate arguments a fraction of that."""
+    rows = parents.shape[0]
+    for a in arrays:
+        moved = np.empty((rows,) + a.shape[1:], a.dtype)
+        for b in range(rows):
+            moved[b] = a[parents[b]]
+        for b in range(rows):
+            a[b] = moved[b]
+
+
 # ---------------------------------------------------------------- one whole decoder block per call
 
 
@@ -603,20 +696,47 @@ def _product_typed(xr, codes, norms, levels, group, out):
 
 
 @_jit(GEMM_FASTMATH)
-def _block_step(x, stream, hres, hpost, u, out, weights, n_rows, start, hq, hk, hv, k_pool, v_pool, anc,
-                scores, k_codes, k_scale, v_codes, v_scale,
+def _engram_mix(x, key, value, eps, embed_scale):
+    """x += sigmoid(rms_unit(x) . rms_unit(key) / embed_scale) * value, per row, in place."""
+    rows, width = x.shape
+    nx = np.empty((rows, width), np.float32)
+    nk = np.empty((rows, width), np.float32)
+    _rms_unit_rows(x, eps, nx)
+    _rms_unit_rows(key, eps, nk)
+    for r in range(rows):
+        acc = np.float32(0.0)
+        for c in range(width):
+            acc += nx[r, c] * nk[r, c]
+        g = _sigmoid(acc / embed_scale)
+        for c in range(width):
+            x[r, c] = x[r, c] + g * value[r, c]
+
+
+@_jit(GEMM_FASTMATH)
+def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start,
+                phi, a_pre, a_post, a_res, b_pre, b_post, b_res, lane, iters, embed_scale,
+                hq, hk, hv, k_pool, v_pool, anc, scores, k_codes, k_scale, v_codes, v_scale,
                 norm_in, qkvg_codes, qkvg_norms, qkvg_levels, qkvg_group, gate_at, q_taps, k_taps, v_taps,
                 q_norm, k_norm, out_codes, out_norms, out_levels, out_group, post_norm, attn_gate,
                 cross_norm, cqg_codes, cqg_norms, cqg_levels, cqg_group, cq_norm, cout_codes, cout_norms,
                 cout_levels, cout_group, post_cross_norm, cross_gate, pre_hada, d1, d2, b2, d3, d4,
                 w1a, w1b, w2a, w2b, w3a, w3b, cond_vt, cond_u, p1, p2,
                 cos_tab, sin_tab, eps, heads, kv_heads, q_scale, logit_scale, ident):
-    """One decoder block on x (B*S, width) = the lane input u (plus any engram), then the lane
-    update: out = hres @ stream + hpost * (block(x) - u) (guide §6; the stages as decoder.py
-    documents them). One call per layer instead of a dozen: a 5-beam step is milliseconds, and
-    each kernel call from Python costs microseconds of dispatch. weights (B*S, H, F) receives the
-    cross-attention weights (word timestamps read them)."""
-    n = x.shape[0]
+    """One decoder layer on the lane stream (B*S, lanes, width) into `out` (guide §6; the stages
+    as decoder.py documents them): the mHC maps give the block input u (`_lanes_in`); an engram
+    site adds sigmoid(rms_unit(u) . rms_unit(key) / embed_scale) * value (eng_key and eng_value
+    (B*S, width), or zero rows where the layer has none); then the block, and the lane update
+    out = hres @ stream + hpost * (block(x) - u). One call per layer instead of a dozen: a 5-beam
+    step is milliseconds, and each kernel call from Python costs microseconds of dispatch.
+    weights (B*S, H, F) receives the cross-attention weights (word timestamps read them)."""
+    n, lanes, width = stream.shape
+    u = np.empty((n, width), np.float32)
+    hpost = np.empty((n, lanes), np.float32)
+    hres = np.empty((n, lanes, lanes), np.float32)
+    _lanes_in(stream, phi, a_pre, a_post, a_res, b_pre, b_post, b_res, lane, eps, iters, u, hpost, hres)
+    x = u.copy()
+    if eng_key.shape[0]:
+        _engram_mix(x, eng_key, eng_value, eps, embed_scale)
     n_new = n // n_rows
     pad = n + (-n) % 5  # rotated activations padded with zero rows: the products take five at a time
     dq = k_pool.shape[3]

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 # Reassociation lets LLVM vectorise the dot-product reductions (AVX2, 8 lanes); it changes
 # only the order of a float sum. Kernels that must round exactly like the reference
@@ -174,16 +176,27 @@ def _fwht_rows(x, group, out):
             o[k] = x[r, k]
         for k in range(k_dim, k_pad):
             o[k] = 0.0
-        for g0 in range(0, k_pad, group):
-            h = 1
-            while h < group:
+        h = 1
+        if group >= 8:  # stages h = 1, 2, 4 as one unrolled 8-point transform: their inner loops
+            h = 8       # are too short to vectorise (same sums in the same order: bit-identical)
+            for i in range(0, k_pad, 8):
+                a0, a1, a2, a3 = o[i], o[i + 1], o[i + 2], o[i + 3]
+                a4, a5, a6, a7 = o[i + 4], o[i + 5], o[i + 6], o[i + 7]
+                b0, b1, b2, b3 = a0 + a1, a0 - a1, a2 + a3, a2 - a3
+                b4, b5, b6, b7 = a4 + a5, a4 - a5, a6 + a7, a6 - a7
+                c0, c1, c2, c3 = b0 + b2, b1 + b3, b0 - b2, b1 - b3
+                c4, c5, c6, c7 = b4 + b6, b5 + b7, b4 - b6, b5 - b7
+                o[i], o[i + 1], o[i + 2], o[i + 3] = c0 + c4, c1 + c5, c2 + c6, c3 + c7
+                o[i + 4], o[i + 5], o[i + 6], o[i + 7] = c0 - c4, c1 - c5, c2 - c6, c3 - c7
+        while h < group:
+            for g0 in range(0, k_pad, group):
                 for i in range(g0, g0 + group, 2 * h):
                     for j in range(i, i + h):
                         a = o[j]
                         b = o[j + h]
                         o[j] = a + b
                         o[j + h] = a - b
-                h *= 2
+            h *= 2
         for k in range(k_pad):
             o[k] *= norm
 
@@ -214,13 +227,28 @@ def _levels_gemm(xr, codes, gscale, group, out):
 # ---------------------------------------------------------------- row-wise maps
 
 
+@intrinsic
+def _float32_from_bits(typingctx, bits):
+    """The float32 whose IEEE bit pattern is the int32 `bits` (a register bitcast)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
 @njit(inline="always", **JIT_OPTIONS)
 def _int8_scale(xr):
-    """The symmetric int8 scale of a vector: absmax / 127, or 1 when it is all zero."""
-    amax = np.float32(0.0)
-    for k in range(xr.shape[0]):
-        a = abs(xr[k])
-        amax = a if a > amax else amax
+    """The symmetric int8 scale of a contiguous float32 vector: absmax / 127, or 1 when it is all
+    zero (inputs are finite: the boundaries check).
+
+    The absolute maximum is taken over the bit patterns with the sign bit cleared, as int32: for
+    finite floats their order is the floats' order, and an integer max reduction vectorises where
+    the float compare-and-select did not (5 rows x 2048: 0.9 us instead of 5.7)."""
+    bits = xr.view(np.int32)
+    top = np.int32(0)
+    for k in range(bits.shape[0]):
+        b = bits[k] & np.int32(0x7FFFFFFF)
+        top = b if b > top else top
+    amax = _float32_from_bits(top)
     return amax / np.float32(INT8_MAX) if amax > 0 else np.float32(1.0)
 
 
@@ -234,15 +262,17 @@ def _fake_quant_rows(x, out):
     rows, d = x.shape
     hi = np.float32(INT8_MAX)
     lo = np.float32(-INT8_MAX - 1)
-    for r in range(rows):
+    q = np.empty(d, np.float32)  # x may be out: a loop reading one and writing the other in place
+    for r in range(rows):         # fails LLVM's overlap check and runs scalar (10 us, not 1)
         xr = x[r]
         o = out[r]
         scale = _int8_scale(xr)
         for k in range(d):
-            q = np.rint(xr[k] / scale)
-            q = hi if q > hi else q
-            q = lo if q < lo else q
-            o[k] = q * scale
+            v = np.rint(xr[k] / scale)
+            v = hi if v > hi else v
+            q[k] = lo if v < lo else v
+        for k in range(d):
+            o[k] = q[k] * scale
 
 
 @_jit(GEMM_FASTMATH)
