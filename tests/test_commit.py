@@ -211,3 +211,51 @@ def test_agreed_words_ending_after_the_hold_stay_pending():
     assert texts(result.committed) == ["one", "two"] and texts(result.pending) == ["three", "four"]
     result = policy.update(hyp("one two three four five"), hold_after_s=2.0)
     assert texts(result.committed) == ["one", "two", "three", "four"]
+
+
+@pytest.mark.parametrize("text, want", [
+    ("We are meeting Victor tonight. We are meeting Ben today.", (0, 5)),
+    ("Set a timer. Set a timer for ten. Set a timer now.", (0, 3)),  # the first of three readings
+    ("Set a timer. Call my mother.", None),
+    ("Set a. Set a timer.", None),  # fewer than three words in the earlier sentence
+    ("Call Tom. Call Tom now.", None),
+])
+def test_restarted_sentence_finds_two_readings_of_one_sentence(text, want):
+    from whistle_stream.commit import restarted_sentence
+
+    assert restarted_sentence(text.split()) == want
+
+
+@pytest.mark.parametrize("said, pass_text, want", [
+    ("we are meeting victor at the airport", "we are meeting ben at the airport this afternoon", 7),
+    ("we are meeting", "we are meeting ben", 3),
+    ("how long does it take to", "how are you today", 4),  # a different reading: all of it re-read
+    ("set the oven to", "set the oven to two hundred", 4),
+])
+def test_aligned_prefix_pairs_a_pass_with_the_committed_words(said, pass_text, want):
+    from whistle_stream.commit import aligned_prefix
+
+    assert aligned_prefix(said.split(), pass_text.split()) == want
+
+
+def test_the_earlier_of_two_readings_in_a_pass_is_dropped():
+    """A guessed reading squeezed before the one the audio supports is not committed."""
+    policy = CommitPolicy()
+    guess = hyp("We are meeting Victor tonight.", start=0.0, step=0.05)
+    reading = hyp("We are meeting Victor at the airport", start=0.25, step=0.4)
+    policy.update(guess + reading)
+    result = policy.update(guess + reading, hold_after_s=2.0)
+    assert texts(result.committed) == ["We", "are", "meeting", "Victor"]
+    assert result.committed[0].start == pytest.approx(0.25)  # the reading's times, not the guess's
+    assert texts(result.pending) == ["at", "the", "airport"]
+
+
+def test_a_re_read_utterance_with_a_word_read_differently_is_not_committed_again():
+    """The pass at the pause reads a committed word differently: only what follows is new."""
+    policy = CommitPolicy()
+    policy.update(hyp("we are meeting victor at the airport"))
+    policy.update(hyp("we are meeting victor at the airport"))
+    assert len(policy.committed) == 7
+    result = policy.update(hyp("We are meeting Ben at the airport this afternoon."))
+    assert texts(result.pending) == ["this", "afternoon."]
+    assert texts(policy.flush().new) == ["this", "afternoon."]

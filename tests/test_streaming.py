@@ -267,6 +267,21 @@ def test_a_pass_leaves_out_digital_silence_at_the_buffer_start_and_most_of_it_at
     assert sound_span(np.zeros(100, np.float32), RATE) == (0, 0)
 
 
+def test_a_pass_keeps_some_digital_silence_around_clean_speech():
+    """Speech with no noise floor (its pauses are exact zeros) keeps CLEAN_MARGIN_S of the zeros
+    on each side, as clips with silence around the speech are what the model was trained on."""
+    from whistle_stream.streaming import CLEAN_MARGIN_S, sound_span
+
+    z = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
+    word = np.full(RATE // 2, 0.1, np.float32)
+    audio = np.concatenate([z(1.0), word, z(0.2), word, z(1.0)])
+    first, last = sound_span(audio, RATE)
+    margin = int(CLEAN_MARGIN_S * RATE)
+    assert first == RATE - margin and last == RATE + int(1.2 * RATE) + margin
+    tight = np.concatenate([z(0.1), word, z(0.2), word])  # less room than the margin: up to the edges
+    assert sound_span(tight, RATE) == (0, len(tight))
+
+
 def test_finalize_hears_the_words_after_a_pause_in_its_last_pass():
     # w0 runs past the last whole step (3 s), then a 0.6 s pause and w1 end the stream: the final
     # pass ends the utterance at that pause, hearing only the audio before it, so w1 needs its own.

@@ -22,6 +22,14 @@ _EPS = 1e-6
 REPEAT_WINDOW_S = 0.25  # DTW word times shift by a frame or two (80 ms each) between passes
 REPEAT_WORDS = 5  # the longest committed tail a new pass is checked for repeating
 DOUBLED_MIN_WORDS = 3  # a hypothesis ending in a unit of at least this many words said twice keeps one
+# Two consecutive sentences of one pass that begin with the same this-many words are two readings
+# of the same audio, not two sentences: a small model hearing a sentence in part says a guessed
+# version squeezed into a fraction of a second, then the one the audio supports ("We are meeting
+# Victor at the airport tonight. We are meeting Victor at the airport this afternoon."). The later
+# reading is kept. A pass that re-reads the utterance's committed words is recognised by the same
+# number of equal first words, then aligned with them word by word (substitutions allowed).
+RESTART_MIN_WORDS = 3
+_SENTENCE_END = (".", "?", "!")
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,31 @@ def doubled_tail(texts: Sequence[str], min_words: int = DOUBLED_MIN_WORDS) -> in
         if list(texts[len(texts) - k:]) == list(texts[len(texts) - 2 * k:len(texts) - k]):
             return k
     return 0
+
+
+def restarted_sentence(words: Sequence[str], first: int = 0, min_words: int = RESTART_MIN_WORDS) -> tuple[int, int] | None:
+    """(a, b) when the sentence words[a:b] (a >= first) is followed by a sentence starting at b whose
+    first `min_words` words equal its own: the earlier of two readings of the same audio. Sentences
+    end at a word ending in . ? or !; words are raw texts (compared normalised)."""
+    starts = [first] + [i + 1 for i in range(first, len(words) - 1) if words[i].rstrip().endswith(_SENTENCE_END)]
+    for a, b in zip(starts, starts[1:]):
+        if len(words) - b >= min_words and b - a >= min_words and \
+                [normalise(w) for w in words[a:a + min_words]] == [normalise(w) for w in words[b:b + min_words]]:
+            return a, b
+    return None
+
+
+def aligned_prefix(said: Sequence[str], texts: Sequence[str]) -> int:
+    """How many of `texts` a word-by-word alignment (edit distance, substitutions, insertions and
+    deletions alike) pairs with the whole of `said`: the re-read part of a pass."""
+    n, m = len(said), len(texts)
+    row = list(range(m + 1))  # distance of said[:0] to texts[:j]
+    for i in range(1, n + 1):
+        prev, row = row, [i] + [0] * m
+        for j in range(1, m + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (said[i - 1] != texts[j - 1]))
+    best = min(range(m + 1), key=lambda j: (row[j], -j))  # the longest prefix among the closest
+    return best
 
 
 def normalise(text: str) -> str:
@@ -149,12 +182,22 @@ class CommitPolicy:
         """The words of a pass that extend the committed text, with a trailing loop cut back."""
         current = self._committed[self._since:]  # committed words whose audio passes still read
         said = [normalise(w.word) for w in current]
-        if said and [normalise(w.word) for w in words[:len(said)]] == said:
-            tail = list(words[len(said):])  # the pass re-reads the utterance: align by text, not by time
+        head = min(len(said), RESTART_MIN_WORDS)
+        texts = [normalise(w.word) for w in words]
+        starts_there = bool(words) and bool(current) and words[0].start < current[0].end + self.repeat_window_s
+        if said and (texts[:head] == said[:head] or starts_there):
+            # The pass re-reads the utterance (it begins with the same words, or where the
+            # utterance's first committed word lies): align by text, not by time, allowing it to
+            # read committed words differently ("Ben" where "Victor" was committed) without saying
+            # the whole sentence again.
+            tail = list(words[aligned_prefix(said, texts):])
         else:
             tail = self._beyond_horizon(words, bool(current))
             if said and [normalise(w.word) for w in tail[:len(said)]] == said:
                 tail = tail[len(said):]  # the utterance re-read from its start, re-timed past the horizon
+        while (restart := restarted_sentence([w.word for w in tail])) is not None:
+            a, b = restart
+            tail = tail[:a] + tail[b:]  # the earlier reading of the same sentence goes
         texts = said + [normalise(w.word) for w in tail]
         if find_loop(texts, self.loop_max_unit, self.loop_repeats):
             keep = len(cut_loop(texts, self.loop_max_unit, self.loop_repeats))
