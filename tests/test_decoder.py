@@ -34,7 +34,7 @@ from whistle_stream.decoder import Decoder, _memory_codes, ladder_layers, ladder
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
 from whistle_stream.decoder_kernels import (
     _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
-    _gather_levels, _gather_rows, _levels_rows,
+    _gather_levels, _levels_rows, _push_ring,
 )
 
 # Stated tolerances, as fractions of the reference logits' standard deviation (module docstring).
@@ -71,15 +71,42 @@ def naive_attention(q, k, v, scale):
     return np.einsum("hts,shd->thd", w, v), w
 
 
+def ring_of(hist, start, rng):
+    """The ring and block table `_causal_taps` reads for beams whose raw rows before `start` are
+    hist (B, H, D): position q of beam b sits in pool row anc[b, q] (a fresh permutation per position,
+    as beam reorders leave it), slot q % (H + 1); every other slot is NaN, so reading one shows."""
+    rows, depth, width = hist.shape
+    ring = np.full((depth + 1, rows, width), np.nan, np.float32)
+    anc = np.zeros((rows, start + 8), np.int32)
+    for q in range(max(0, start - depth), start):
+        perm = rng.permutation(rows)
+        anc[:, q] = perm
+        ring[q % (depth + 1), perm] = hist[:, depth - (start - q)]
+    return ring, anc
+
+
 def test_causal_taps_match_shifted_sum():
     rng = np.random.default_rng(1)
     for dilation, depth, start in ((1, 2, 0), (1, 2, 5), (3, 9, 4), (3, 9, 20)):
         new = rng.standard_normal((3, 4, 7)).astype(np.float32)
         hist = rng.standard_normal((3, depth, 7)).astype(np.float32)
+        if start < depth:
+            hist[:, : depth - start] = 0.0  # positions before 0 hold nothing
         taps = rng.standard_normal((4 if dilation == 3 else 3, 7)).astype(np.float32)
+        ring, anc = ring_of(hist, start, rng)
         out = np.empty_like(new)
-        _causal_taps(new, hist, taps, dilation, start, out)
+        _causal_taps(new, ring, anc, taps, dilation, start, out)
         np.testing.assert_allclose(out, naive_taps(new, hist, taps, dilation, start), rtol=1e-5, atol=1e-5)
+
+
+def test_push_ring_keeps_the_newest_rows_where_the_taps_read_them():
+    rng = np.random.default_rng(3)
+    ring = np.zeros((3, 4, 5), np.float32)
+    new = rng.standard_normal((4, 2, 5)).astype(np.float32)
+    _push_ring(ring, new, 7)  # positions 7 and 8 of pool rows 0..3
+    np.testing.assert_array_equal(ring[7 % 3], new[:, 0])
+    np.testing.assert_array_equal(ring[8 % 3], new[:, 1])
+    np.testing.assert_array_equal(ring[9 % 3], 0.0)
 
 
 def test_pool_attention_reads_each_beams_own_positions():
@@ -201,15 +228,16 @@ def test_engram_site_gathers_quantises_projects_and_taps():
     kv_codes = rng.integers(0, 4, (2 * width, kv_pad)).astype(np.uint8)
     kv_norms = rng.uniform(0.5, 2, (2 * width, 2)).astype(np.float32)
     taps = rng.standard_normal((3, width)).astype(np.float32)
-    rows, n_new, start = 2, 2, 3
-    hist = rng.standard_normal((3, (3 - 1) * dil, width)).astype(np.float32)
+    rows, n_new, start = 2, 2, 5
+    hist = rng.standard_normal((rows, (3 - 1) * dil, width)).astype(np.float32)
     idx = rng.integers(0, slots, (rows * n_new, tables)).astype(np.int64)
     ok = np.array([[1, 1], [1, 0], [0, 1], [1, 1]], np.float32)
     key = np.empty((rows * n_new, width), np.float32)
     value = np.empty_like(key)
-    hist_in = hist.copy()
+    ring, anc = ring_of(hist, start, rng)
+    anc[:rows, start:start + n_new] = np.arange(rows)[:, None]  # the new positions go to rows 0..B-1
     _engram_site(idx, ok, t_codes, t_norms, t_codebook, group, slots, sub, kv_codes, kv_norms, kv_levels, group,
-                 taps, dil, hist, rows, start, key, value)
+                 taps, dil, ring, anc, rows, start, key, value)
     # the twin: dequantised table rows (codebook x norm, then the Hadamard rotation), masked, int8
     fetched = np.zeros((rows * n_new, tables * sub), np.float32)
     for m in range(rows * n_new):
@@ -223,22 +251,10 @@ def test_engram_site_gathers_quantises_projects_and_taps():
                   kv_levels[kv_codes].reshape(2 * width, 2, group), kv_norms)
     np.testing.assert_allclose(key, y[:, :width], rtol=1e-4, atol=1e-4)
     raw = y[:, width:].reshape(rows, n_new, width).astype(np.float32)
-    want = naive_taps(raw, hist_in[:rows], taps, dil, start)
+    want = naive_taps(raw, hist, taps, dil, start)
     np.testing.assert_allclose(value.reshape(rows, n_new, width), want, rtol=1e-4, atol=1e-4)
-    joined = np.concatenate([hist_in[:rows], raw], axis=1)
-    np.testing.assert_allclose(hist[:rows], joined[:, n_new:], rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(hist[rows:], hist_in[rows:])  # rows past the live ones untouched
-
-
-def test_gather_rows_reorders_every_array_and_leaves_spare_rows():
-    rng = np.random.default_rng(13)
-    arrays = [rng.standard_normal((5, 2, k)).astype(np.float32) for k in (3, 4, 1)]
-    before = [a.copy() for a in arrays]
-    parents = np.array([2, 2, 0], np.int64)
-    _gather_rows(parents, *arrays)
-    for a, b in zip(arrays, before):
-        np.testing.assert_array_equal(a[:3], b[parents])
-        np.testing.assert_array_equal(a[3:], b[3:])
+    for i in range(n_new):  # the raw value rows kept for the next positions' taps
+        np.testing.assert_allclose(ring[(start + i) % ring.shape[0], :rows], raw[:, i], rtol=1e-5, atol=1e-5)
 
 
 def test_engram_mix_adds_the_gated_value():

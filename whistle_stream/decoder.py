@@ -30,8 +30,8 @@ from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
 from .decoder_kernels import (
-    _block_step, _codes2_rows, _engram_hash, _engram_site, _gather_levels, _gather_rows, _levels_rows,
-    _norm_quant_rotate, _quant_codes,
+    _block_step, _codes2_rows, _engram_hash, _engram_site, _gather_levels, _levels_rows, _norm_quant_rotate,
+    _quant_codes,
 )
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
@@ -264,9 +264,8 @@ class DecoderState:
     k_pool: list  # per kept layer (max_tokens, capacity, kv_heads, qk_dim)
     v_pool: list  # per kept layer (max_tokens, capacity, kv_heads, v_dim)
     anc: np.ndarray  # (capacity, max_tokens) int32: pool row of each beam's position
-    tap_hist: list  # per kept layer [q, k, v] each (capacity, taps - 1, features)
-    engram_hist: dict  # site -> (capacity, (conv taps - 1) * dilation, width) raw value rows
-    histories: tuple  # every tap_hist and engram_hist array: what a beam reorder gathers
+    tap_hist: list  # per kept layer [q, k, v] raw-row rings, each (taps, capacity, features)
+    engram_hist: dict  # site -> ((conv taps - 1) * dilation + 1, capacity, width) raw value-row ring
     token_hist: np.ndarray  # (capacity, max order - 1) int64, the last tokens (0 before the start)
     scores: np.ndarray  # (heads per kv head, max_tokens) float32 attention scratch
     layer_args: list  # per kept layer: `_block_step`'s arguments after the per-step ones
@@ -335,17 +334,19 @@ class Decoder:
             cross_k.append(_memory_codes(k, frames_last=False))
             cross_v.append(_memory_codes(v))
         cap, T = int(beams), d.max_tokens
-        depth = max(d.taps - 1, 0)
-        tap_hist = [[np.zeros((cap, depth, n), np.float32)
+        # Raw rows the causal taps read back, in rings one slot longer than the taps reach: slot
+        # position % R of pool row r, read through the block table like the KV pool (a reorder
+        # moves nothing).
+        ring = max(d.taps - 1, 0) + 1
+        tap_hist = [[np.zeros((ring, cap, n), np.float32)
                      for n in (d.heads * d.qk_dim, d.kv_heads * d.qk_dim, d.kv_heads * d.v_dim)]
                     for _ in self.layers]
-        engram_hist = {s: np.zeros((cap, self.engram_depth, d.width), np.float32) for s in self.engrams}
+        engram_hist = {s: np.zeros((self.engram_depth + 1, cap, d.width), np.float32) for s in self.engrams}
         state = DecoderState(
             frames=frames, capacity=cap, rows=1, position=0, cross_k=cross_k, cross_v=cross_v,
             k_pool=[np.zeros((T, cap, d.kv_heads, d.qk_dim), np.float32) for _ in self.layers],
             v_pool=[np.zeros((T, cap, d.kv_heads, d.v_dim), np.float32) for _ in self.layers],
             anc=np.zeros((cap, T), np.int32), tap_hist=tap_hist, engram_hist=engram_hist,
-            histories=tuple(h for hist in tap_hist for h in hist) + tuple(engram_hist.values()),
             token_hist=np.zeros((cap, max(max(self.orders, default=1) - 1, 0)), np.int64),
             scores=np.empty((d.heads // d.kv_heads, T), np.float32), layer_args=[])
         # Everything `_block_step` takes after its per-step arguments, built once per clip (packing
@@ -437,14 +438,13 @@ class Decoder:
     # ---------------------------------------------------------------- internals
 
     def _reorder(self, state: DecoderState, parents: np.ndarray) -> None:
-        """Make row b the continuation of old row parents[b]: the block table rows and the short
-        histories are gathered; the KV pool itself is untouched."""
+        """Make row b the continuation of old row parents[b]: the block table rows and the last
+        tokens are gathered; the KV pool and the tap rings (read through the table) are untouched."""
         rows = parents.shape[0]
         if rows == state.rows and np.array_equal(parents, np.arange(rows)):
             return
         t = state.position
         state.anc[:rows, :t] = state.anc[parents, :t]
-        _gather_rows(parents, *state.histories)
         state.token_hist[:rows] = state.token_hist[parents]
         state.rows = rows
 
@@ -469,7 +469,7 @@ class Decoder:
         value = np.empty_like(key)
         _engram_site(idx, ok, e.codes, e.norms, e.codebook, e.group, d.engram_slots, e.sub_dim, e.kv.codes,
                      e.kv.norms, e.kv.levels, e.kv.group, e.taps, d.engram_dilation, state.engram_hist[site],
-                     state.rows, state.position, key, value)
+                     state.anc, state.rows, state.position, key, value)
         return key, value
 
     def _forward(self, state: DecoderState, tokens: np.ndarray, collect=None) -> np.ndarray:

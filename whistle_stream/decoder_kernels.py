@@ -31,16 +31,19 @@ def _exp_rows(x, out):
 
 
 @_jit()
-def _causal_taps(new, hist, taps, dilation, start, out):
-    """Depthwise causal convolution over time, continuing a history.
+def _causal_taps(new, ring, anc, taps, dilation, start, out):
+    """Depthwise causal convolution over time, continuing each beam's history.
 
     new (B, S, D): raw rows at positions start .. start+S-1 of each beam row b;
-    hist (B, H, D): the same beam's raw rows at positions start-H .. start-1 (oldest first);
-    taps (J, D). out[b, i] = sum_j taps[j] * z(p - j * dilation), p = start + i, with z(q) = 0
-    for q < 0 (the reference's shift-right plus position mask). Needs H >= (J - 1) * dilation.
+    ring (R, cap, D): the raw row of position q fed to pool row r is ring[q % R, r], and beam b's
+    position q < start was fed to pool row anc[b, q] (the block table the KV pool uses), so a beam
+    reorder moves nothing here; taps (J, D). out[b, i] = sum_j taps[j] * z(p - j * dilation),
+    p = start + i, with z(q) = 0 for q < 0 (the reference's shift-right plus position mask).
+    Needs R > (J - 1) * dilation: a slot is rewritten (by `_push_ring`, position q + R) only after
+    every position that reads q has been fed.
     """
     n_rows, n_new, width = new.shape
-    depth = hist.shape[1]
+    slots = ring.shape[0]
     for b in range(n_rows):
         for i in range(n_new):
             p = start + i
@@ -54,9 +57,19 @@ def _causal_taps(new, hist, taps, dilation, start, out):
                 if q >= start:
                     src = new[b, q - start]
                 else:
-                    src = hist[b, depth - (start - q)]
+                    src = ring[q % slots, anc[b, q]]
                 for d in range(width):
                     o[d] += taps[j, d] * src[d]
+
+
+@_jit()
+def _push_ring(ring, new, start):
+    """Keep the raw rows new (B, S, D) of positions start .. start+S-1, fed to pool rows 0 .. B-1,
+    in the ring (R, cap, D) that `_causal_taps` reads."""
+    slots = ring.shape[0]
+    for b in range(new.shape[0]):
+        for i in range(new.shape[1]):
+            ring[(start + i) % slots, b] = new[b, i]
 
 
 @_jit(GEMM_FASTMATH)
@@ -436,27 +449,14 @@ def _head_norm_quant(x, heads, scale, eps, out):
     _fake_quant_rows(o, o)
 
 
-@_jit()
-def _push_rows(hist, rows, new):
-    """hist (cap, H, D) keeps each row's last H entries; append new (rows, S, D)."""
-    depth = hist.shape[1]
-    n_new = new.shape[1]
-    for b in range(rows):
-        for i in range(depth):
-            src = i + n_new  # index into [hist, new] concatenated
-            if src < depth:
-                hist[b, i] = hist[b, src]
-            else:
-                hist[b, i] = new[b, src - depth]
-
-
 @_jit(GEMM_FASTMATH)
-def _self_qkv(y, n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, q_norm, k_norm, cos_tab, sin_tab, eps,
+def _self_qkv(y, n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, anc, q_norm, k_norm, cos_tab, sin_tab, eps,
               heads, kv_heads, k_pool, v_pool, q_out):
     """From the stacked projections y (B*S, q | k | v | gate) of the new positions to quantised
     queries q_out (B, S, H, dq), with this position's keys and values written to the pool.
 
-    Per stream: causal taps over the history hq/hk/hv (then advanced), per-head ZCRMSNorm (q, k),
+    Per stream: causal taps over the raw rows kept in the rings hq/hk/hv (read through the block
+    table anc, then this step's rows added), per-head ZCRMSNorm (q, k),
     RoPE at each row's absolute position (q, k), int8 per head (q, k, v) (guide §6).
     k_pool (T, cap, KH, dq), v_pool (T, cap, KH, dv): position start+i of beam b goes to row b.
     """
@@ -477,12 +477,12 @@ def _self_qkv(y, n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, q_norm, k_no
     v = np.ascontiguousarray(y[:, q_w + k_w:q_w + k_w + v_w]).reshape((n_rows, n_new, v_w))
     if q_taps.shape[0] > 0:
         qt, kt, vt = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-        _causal_taps(q, hq, q_taps, 1, start, qt)
-        _causal_taps(k, hk, k_taps, 1, start, kt)
-        _causal_taps(v, hv, v_taps, 1, start, vt)
-        _push_rows(hq, n_rows, q)
-        _push_rows(hk, n_rows, k)
-        _push_rows(hv, n_rows, v)
+        _causal_taps(q, hq, anc, q_taps, 1, start, qt)
+        _causal_taps(k, hk, anc, k_taps, 1, start, kt)
+        _causal_taps(v, hv, anc, v_taps, 1, start, vt)
+        _push_ring(hq, q, start)
+        _push_ring(hk, k, start)
+        _push_ring(hv, v, start)
         q, k, v = qt, kt, vt
     qn = np.empty((n, heads, dq), np.float32)
     kn = np.empty((n, kv_heads, dq), np.float32)
@@ -621,7 +621,7 @@ def _engram_hash(seq, depth, start, orders, hashes, stride, seed, prime, shift, 
 
 @_jit(GEMM_FASTMATH)
 def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_codes, kv_norms, kv_levels,
-                 kv_group, taps, dilation, hist, n_rows, start, key, value):
+                 kv_group, taps, dilation, ring, anc, n_rows, start, key, value):
     """One engram site's key and value rows for the new positions (needle `Engram`, guide §6).
 
     idx, ok (B*S, tables): table indices and validity; the gathered rows (dequantised CQ rows of
@@ -659,21 +659,8 @@ def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_
         for c in range(width):
             key[m, c] = y[m, c]
             raw[m // n_new, m % n_new, c] = y[m, width + c]
-    _causal_taps(raw, hist[:n_rows], taps, dilation, start, value.reshape((n_rows, n_new, width)))
-    _push_rows(hist, n_rows, raw)
-
-
-@_jit()
-def _gather_rows(parents, *arrays):
-    """a[:len(parents)] = a[parents] for each of the arrays (a beam reorder). Star arguments: a
-    tuple argument costs ~2 us of dispatch per array, separate arguments a fraction of that."""
-    rows = parents.shape[0]
-    for a in arrays:
-        moved = np.empty((rows,) + a.shape[1:], a.dtype)
-        for b in range(rows):
-            moved[b] = a[parents[b]]
-        for b in range(rows):
-            a[b] = moved[b]
+    _causal_taps(raw, ring, anc, taps, dilation, start, value.reshape((n_rows, n_new, width)))
+    _push_ring(ring, raw, start)
 
 
 # ---------------------------------------------------------------- one whole decoder block per call
@@ -748,7 +735,7 @@ def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start,
     y = np.empty((pad, qkvg_codes.shape[0]), np.float32)
     _product(hr, qkvg_codes, qkvg_norms, qkvg_levels, qkvg_group, y)
     q = np.empty((n_rows, n_new, heads, dq), np.float32)
-    _self_qkv(y[:n], n_rows, start, q_taps, k_taps, v_taps, hq[:n_rows], hk[:n_rows], hv[:n_rows], q_norm,
+    _self_qkv(y[:n], n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, anc, q_norm,
               k_norm, cos_tab, sin_tab, eps, heads, kv_heads, k_pool, v_pool, q)
     att = np.empty((n_rows, n_new, heads, dv), np.float32)
     _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, att)
