@@ -191,7 +191,7 @@ def test_no_tokens_gives_no_words():
 
 
 def test_mismatched_inputs_are_rejected():
-    with pytest.raises(ValueError, match="tokens"):
+    with pytest.raises(ValueError, match="token_ids"):
         word_times(np.zeros((2, 3, 5)), [0, 1], [0.5, 0.5], PieceTokenizer(PIECES), 0.08)
     with pytest.raises(ValueError, match="frame_seconds"):
         word_times(np.zeros((2, 1, 5)), [0], [0.5], PieceTokenizer(PIECES), 0.0)
@@ -203,3 +203,19 @@ def test_every_frame_and_token_is_on_the_path():
     for n, m in itertools.product((1, 4, 9), (1, 5, 13)):
         tok, frm = dtw_path(rng.normal(size=(n, m)))
         assert set(tok.tolist()) == set(range(n)) and set(frm.tolist()) == set(range(m))
+
+
+def test_lead_and_trail_rows_take_the_silence_around_the_words():
+    """Rows before and after the tokens (the model's tag- and </s>-predicting rows) join the path
+    and take the frames before the first word and after the last: the first word then starts at
+    its own frames instead of frame 0."""
+    shifted = [(a + 6, b + 6) for a, b in SEGMENTS]  # 6 silent frames first, 5 after the last word
+    rows = [(0, 6)] + shifted + [(27, 32)]
+    w = attention(rows, frames=32)
+    words = word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, lead=1, trail=1)
+    assert words[0]["start"] == pytest.approx(6 * 0.08)
+    assert words[-1]["end"] <= 27 * 0.08 + 1e-9
+    no_rows = word_times(w[:, 1:-1], list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08)
+    assert no_rows[0]["start"] == 0.0 and no_rows[-1]["end"] == pytest.approx(32 * 0.08)  # what they fix
+    with pytest.raises(ValueError, match="lead"):
+        word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, lead=1, trail=0)

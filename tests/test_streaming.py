@@ -35,7 +35,7 @@ class FakeModel:
     def parse_keywords(self, keywords):
         return [] if not keywords else list(keywords)
 
-    def transcribe_words(self, audio, language=None, keywords=None, beams=None):
+    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False):
         self.passes.append(len(audio) / RATE)
         if not np.any(audio):
             return {"speech": False, "language": language or "", "text": "", "words": []}

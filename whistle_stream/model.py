@@ -113,8 +113,11 @@ class Whistle:
                 self._biasers[phrases] = biaser
         return biaser
 
-    def _decode(self, pcm: np.ndarray, language: str | None, biaser, beams: int, words: bool) -> dict:
-        """One window (<= 30 s) of speech: encoder, prompt, search, optionally word times."""
+    def _decode(self, pcm: np.ndarray, language: str | None, biaser, beams: int, words: bool,
+                open_end: bool = False) -> dict:
+        """One window (<= 30 s) of speech: encoder, prompt, search, optionally word times.
+        open_end: the audio stops mid-speech (a streaming pass before a pause, a long-audio window
+        before the last), so no row after the words takes audio from the last word."""
         t0 = time.perf_counter()
         d = self.dims
         enc = self._encode(pcm)
@@ -135,14 +138,20 @@ class Whistle:
                "language": language, "ttft": ttft, "decode_s": decode_s, "words": []}
         if words and result.tokens:
             prompt = [d.bos, tag]
+            # Row p of the weights is the query that predicts token p + 1: rows 1 .. n predict the
+            # transcript's tokens; row 0 (predicting the tag) and row n + 1 (predicting </s>) join
+            # the path to take the silence before and after the words (alignment.word_times). Audio
+            # that stops mid-speech has no silence after the words: there the last word keeps the
+            # end (on the demo streams, a trailing row let a guessed sentence ending look old
+            # enough to commit: 2-8 more added words on 3 of 7 streams).
             weights = self.decoder.cross_attention_weights(enc, prompt + list(result.tokens))
-            # Row p of the weights is the query that predicts token p + 1: take the rows that
-            # predict each transcript token (guide §8, as whisper's timing does).
-            weights = weights[:, len(prompt) - 1:len(prompt) - 1 + len(result.tokens)]
+            trail = 0 if open_end else 1
+            weights = weights[:, len(prompt) - 2:weights.shape[1] - 1 + trail]
             probs = np.exp(np.asarray(result.token_logprobs, np.float64))
             duration = len(pcm) / d.rate  # the last encoder frame may reach past the audio
             out["words"] = [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
-                            for w in word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds, 0.0)]
+                            for w in word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds, 0.0,
+                                                lead=1, trail=trail)]
         return out
 
     def decode(self, audio, language: str | None = None, keywords=None, beams: int = 5) -> dict:
@@ -187,7 +196,7 @@ class Whistle:
             chunk = pcm[start:start + int(round(length_s * d.rate))]
             if not self.is_speech(chunk):
                 return []
-            r = self._decode(chunk, stats["language"], biaser, beams, True)
+            r = self._decode(chunk, stats["language"], biaser, beams, True, open_end=start + len(chunk) < len(pcm))
             stats["language"] = stats["language"] or r["language"]  # detected once, then held
             stats["ttft"] = r["ttft"] if stats["ttft"] is None else stats["ttft"]
             stats["decode_s"] += r["decode_s"]
@@ -199,13 +208,15 @@ class Whistle:
         return _result(" ".join(w["word"] for w in words), stats["language"] or "", stats["ttft"] or 0.0,
                        stats["decode_s"], stats["tokens"], words if word_timestamps else None)
 
-    def transcribe_words(self, audio, language: str | None = None, keywords=None, beams: int | None = None) -> dict:
-        """One streaming pass (<= 30 s): {"speech", "language", "text", "words"} with word times."""
+    def transcribe_words(self, audio, language: str | None = None, keywords=None, beams: int | None = None,
+                         open_end: bool = False) -> dict:
+        """One streaming pass (<= 30 s): {"speech", "language", "text", "words"} with word times;
+        open_end: the audio stops mid-speech (no pause after it yet)."""
         pcm = self.load_audio(audio)
         if not self.is_speech(pcm):
             return {"speech": False, "language": language or "", "text": "", "words": []}
         r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], self.check_language(language),
-                         self._biaser(keywords), _check_beams(beams or 5), True)
+                         self._biaser(keywords), _check_beams(beams or 5), True, open_end=open_end)
         return {"speech": True, "language": r["language"], "text": r["text"], "words": r["words"]}
 
     # ---- streaming -------------------------------------------------------------------------
