@@ -307,3 +307,17 @@ def test_after_a_new_utterance_words_are_not_filtered_by_the_old_horizon():
     policy.update(second)
     got = policy.update(second)
     assert [w.word for w in got.committed] == ["set", "a", "timer.", "call", "laura."]
+
+
+def test_a_faint_sound_after_speech_is_silence_not_a_new_utterance():
+    """Audio 40 dB or more under the stream's last speech is not decoded (the silence gate of §8
+    judges a clip only against itself: a faint tail passes it, and a model makes words of it)."""
+    z = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
+    loud = np.full(int(0.5 * RATE), 100 * UNIT, np.float32)  # "w99."
+    faint = np.full(int(0.4 * RATE), 0.6 * UNIT, np.float32)  # 44 dB under it; the fake would say "w0"
+    audio = np.concatenate([z(0.3), loud, z(1.0), faint, z(1.2)])
+    out, _ = run(audio, 100)
+    assert [w["word"] for d in out for w in d["words"]] == ["w99."]
+    # the same faint sound with no louder speech before it is heard
+    out, _ = run(np.concatenate([z(0.3), faint, z(1.2)]), 100)
+    assert [w["word"] for d in out for w in d["words"]] == ["w0"]
