@@ -185,8 +185,8 @@ class StreamSession:
         elif gap is None:
             # Silence gate (§8): no speech yet, the buffer is a pause, but the newest step is kept:
             # a quiet lead-in (breath, room noise) that the gate passed over may be the start of the
-            # next utterance, and the model was trained on clips with 0.1-0.8 s of it. Cutting it
-            # to 0.24 s turned "My appointment is on Sunday..." into "I was born on September...".
+            # next utterance, and the model was trained on clips with 0.1-0.8 s of it. With all but
+            # 0.24 s of the buffer cut, "My appointment is on Sunday..." became "I was born on...".
             gap = max(0, len(audio) - self.step)
         if gap is not None:
             # An utterance ended at the pause: its words are final, and the buffer restarts there.
@@ -311,11 +311,8 @@ def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_
     if not len(nz):
         return 0, 0
     first, last = int(nz[0]), int(nz[-1]) + 1
-    frame = PAUSE_FRAME * rate // 16000
-    n = (last - first) // frame
-    if n >= 3:
-        frames = np.asarray(audio[first:first + n * frame], np.float32).reshape(n, frame)
-        rms = np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
+    rms = frame_levels(audio[first:last], rate)
+    if len(rms) >= 3:
         level = float(np.percentile(rms, 90))
         if level > 0.0 and float(rms.min()) < level * 10.0 ** (-floor_db / 20.0):
             margin = int(margin_s * rate)
