@@ -77,11 +77,11 @@ def doubled_tail(texts: Sequence[str], min_words: int = DOUBLED_MIN_WORDS) -> in
     return 0
 
 
-def restarted_sentence(words: Sequence[str], first: int = 0, min_words: int = RESTART_MIN_WORDS) -> tuple[int, int] | None:
-    """(a, b) when the sentence words[a:b] (a >= first) is followed by a sentence starting at b whose
-    first `min_words` words equal its own: the earlier of two readings of the same audio. Sentences
-    end at a word ending in . ? or !; words are raw texts (compared normalised)."""
-    starts = [first] + [i + 1 for i in range(first, len(words) - 1) if words[i].rstrip().endswith(_SENTENCE_END)]
+def restarted_sentence(words: Sequence[str], min_words: int = RESTART_MIN_WORDS) -> tuple[int, int] | None:
+    """(a, b) when the sentence words[a:b] is followed by a sentence starting at b whose first
+    `min_words` words equal its own: the earlier of two readings of the same audio. Sentences start
+    at words[0] and after a word ending in . ? or !; words are raw texts (compared normalised)."""
+    starts = [0] + [i + 1 for i in range(len(words) - 1) if words[i].rstrip().endswith(_SENTENCE_END)]
     for a, b in zip(starts, starts[1:]):
         if len(words) - b >= min_words and b - a >= min_words and \
                 [normalise(w) for w in words[a:a + min_words]] == [normalise(w) for w in words[b:b + min_words]]:
@@ -98,8 +98,7 @@ def aligned_prefix(said: Sequence[str], texts: Sequence[str]) -> int:
         prev, row = row, [i] + [0] * m
         for j in range(1, m + 1):
             row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (said[i - 1] != texts[j - 1]))
-    best = min(range(m + 1), key=lambda j: (row[j], -j))  # the longest prefix among the closest
-    return best
+    return min(range(m + 1), key=lambda j: (row[j], -j))  # the longest prefix among the closest
 
 
 def normalise(text: str) -> str:

@@ -30,8 +30,7 @@ from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
 from .decoder_kernels import (
-    _block_step, _codes2_rows, _engram_hash, _engram_site, _gather_levels, _levels_rows, _norm_quant_rotate,
-    _quant_codes,
+    _block_step, _codes2_rows, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
 )
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
@@ -107,8 +106,8 @@ class _LevelsLinear:
     stacked along their outputs (q, k, v and the gate read the same activation: one call).
 
     A CQ row group is w_g = (cb[idx] * norm) @ H, H the symmetric normalised Walsh-Hadamard
-    matrix, so x_g . w_g = (x_g @ H) . (cb[idx] * norm): `rotate` the activation once (FWHT per
-    group), then dot it with the levels. 2-bit matrices keep their level indices (one byte per
+    matrix, so x_g . w_g = (x_g @ H) . (cb[idx] * norm): the activation is rotated once (FWHT per
+    group, in the kernels that feed `rotated`), then dotted with the levels. 2-bit matrices keep their level indices (one byte per
     weight, exact levels); wider ones use blocks.RotatedLinear's int16 level codes (~1e-5).
     """
 
@@ -135,13 +134,6 @@ class _LevelsLinear:
         self.codes = np.ascontiguousarray(codes[0] if len(codes) == 1 else np.concatenate(codes))
         self.norms = np.ascontiguousarray(norms[0] if len(norms) == 1 else np.concatenate(norms))
 
-    def rotate(self, x: np.ndarray) -> np.ndarray:
-        """(rows, in) -> (rows, in_pad): the activation in the rotated domain."""
-        x = np.ascontiguousarray(x, np.float32)
-        out = np.empty((x.shape[0], self.k_pad), np.float32)
-        K._fwht_rows(x, self.group, out)
-        return out
-
     def rotated(self, xr: np.ndarray) -> np.ndarray:
         """(rows, in_pad) rotated activation -> (rows, out). With kernels.GEMM_THREADS > 1 a large
         matrix is split by output columns over the shared pool (the kernels release the GIL).
@@ -167,13 +159,6 @@ class _LevelsLinear:
             _codes2_rows(xr, self.codes[a:b], self.norms[a:b], self.levels, self.group, out[:, a:b])
         else:
             _levels_rows(xr, self.codes[a:b], self.norms[a:b], self.group, out[:, a:b])
-
-    def split(self, y: np.ndarray) -> list[np.ndarray]:
-        """The outputs of each stacked matrix."""
-        return np.split(y, np.cumsum(self.sizes)[:-1], axis=1)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.rotated(self.rotate(x))
 
 
 class _Layer:
@@ -235,14 +220,6 @@ class _Engram:
         self.kv = _LevelsLinear(cact, f"engram{site}.key_proj", f"engram{site}.value_proj")
         self.taps = cact.array(f"engram{site}.taps")  # (4, width)
         self.sub_dim = d.engram_sub_dim
-
-    def fetch(self, rows: np.ndarray) -> np.ndarray:
-        """(M,) table rows -> (M, sub_dim) dequantised float32 rows."""
-        rot = np.empty((rows.shape[0], self.codes.shape[1]), np.float32)
-        _gather_levels(self.codes, self.norms, self.codebook, rows, self.group, rot)
-        out = np.empty_like(rot)
-        K._fwht_rows(rot, self.group, out)
-        return out[:, : self.sub_dim]
 
 
 # ---------------------------------------------------------------- per-clip state

@@ -141,12 +141,13 @@ class Whistle:
             # Row p of the weights is the query that predicts token p + 1: rows 1 .. n predict the
             # transcript's tokens; row 0 (predicting the tag) and row n + 1 (predicting </s>) join
             # the path to take the silence before and after the words (alignment.word_times). Audio
-            # that stops mid-speech has no silence after the words: there the last word keeps the
-            # end (on the demo streams, a trailing row let a guessed sentence ending look old
-            # enough to commit: 2-8 more added words on 3 of 7 streams).
+            # that stops mid-speech has no silence after the words, so there the </s> row is left
+            # out and the last word keeps the end (the row's job is silence, which such audio does not
+            # end with; on the seven demo streams it changed no committed word when it was added).
             weights = self.decoder.cross_attention_weights(enc, prompt + list(result.tokens))
             trail = 0 if open_end else 1
-            weights = weights[:, len(prompt) - 2:weights.shape[1] - 1 + trail]
+            if open_end:
+                weights = weights[:, :-1]
             probs = np.exp(np.asarray(result.token_logprobs, np.float64))
             duration = len(pcm) / d.rate  # the last encoder frame may reach past the audio
             out["words"] = [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
