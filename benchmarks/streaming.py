@@ -3,6 +3,7 @@
     python benchmarks/streaming.py                      # demo model, a 3-minute stream of held-out clips
     python benchmarks/streaming.py --minutes 60         # + the 60-minute stability run (pass p95, RSS)
     python benchmarks/streaming.py --full               # + the full architecture: a pass over a 10 s buffer
+    python benchmarks/streaming.py --accuracy 5,7,9,11  # + per stream: streamed vs one-shot WER, words dropped/added
 
 Commit latency of a word = audio received when the word was committed - the word's end in the audio
 (audio time, 1 s steps). whisper_streaming reports 3.3 s for the same measure.
@@ -81,6 +82,8 @@ def main(argv=None) -> None:
     ap.add_argument("--utterances", type=int, default=40)
     ap.add_argument("--minutes", type=float, default=0.0, help="also run a long stream of this many minutes")
     ap.add_argument("--full", action="store_true", help="also time a 10 s pass on the full architecture")
+    ap.add_argument("--accuracy", default="", help="comma-separated stream seeds: streamed text against the "
+                    "truth and against the one-shot transcripts of the same utterances")
     args = ap.parse_args(argv)
 
     from whistle_stream import Whistle
@@ -108,6 +111,25 @@ def main(argv=None) -> None:
 
     if args.full:
         full_pass_breakdown()
+
+    for seed in [int(x) for x in args.accuracy.split(",") if x.strip()]:
+        stream_accuracy(model, args.utterances, seed)
+
+
+def stream_accuracy(model, utterances: int, seed: int) -> None:
+    """Issue 7's accuracy lines on one stream: streamed WER minus the one-shot WER of the same
+    utterances (target <= 1 point), and words dropped + added against the one-shot text (<= 1 %)."""
+    from harness.wer import edit_ops, normalise, wer
+
+    audio, utts = build_stream(utterances, seed)
+    words = run_stream(model, audio)[0]
+    streamed = " ".join(w["word"] for w in words)
+    one_shot = " ".join(model.transcribe(u[3])["text"] for u in utts)
+    truth = " ".join(u[2] for u in utts)
+    _, dropped, added = edit_ops(normalise(one_shot), normalise(streamed))
+    s_wer, o_wer = wer([truth], [streamed]), wer([truth], [one_shot])
+    print(f"  stream seed {seed}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
+          f"vs one-shot: {dropped} dropped + {added} added of {len(normalise(one_shot))} words")
 
 
 def full_pass_breakdown() -> None:

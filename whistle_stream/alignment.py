@@ -133,10 +133,10 @@ def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Seque
         before `trail` rows that join the path without being words. The model passes one of each,
         the rows that predict the language tag and </s>: they take the silence before the first
         word and after the last (whisper's timing keeps its start and end rows in the path for the
-        same reason). Without them the path must start the first word at frame 0: on espeak-ng
-        sentences with 0.2-0.8 s of silence before them (demo model, 36 words), word starts were
-        within 160 ms of the synthesiser's word events for 56 % of the words, with them 83 %
-        (median error 0.13 -> 0.07 s).
+        same reason). Without them the path must start the first word at frame 0: on held-out
+        espeak-ng sentences after 0.2-0.8 s of silence (demo model, 131 words), word starts within
+        160 ms of the synthesiser's word events 50 % -> 71 %, median error 0.16 -> 0.08 s
+        (benchmarks/word_times.py).
     token_ids, token_probs: the text tokens and each one's probability (0..1).
     tokenizer: has `decode(ids) -> str`, and preferably `id_to_piece(id) -> str`.
     frame_seconds: seconds per encoder frame (0.08); offset_s: time of frame 0 in seconds.
