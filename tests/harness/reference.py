@@ -769,7 +769,9 @@ def beam_search(next_logits, text_vocab: int, eos: int, max_generated: int, beam
       the sum). Every finishing proposal met during the walk is kept, even past the 5th.
     * After the walk, stop if at least `beams` transcripts have finished or no beam is live.
     * The winner is the best finished score; ties go to the one that finished first.
-    The returned ids exclude </s>. `trace`, when a list, receives one dict per step.
+    The returned ids exclude </s>. `trace`, when a list, receives one dict per step: the live
+    beams after it, every transcript finished so far, the sorted proposals as (score, generated
+    ids with the proposed token) and how many of them the walk took (`walked`).
     """
     if not 1 <= beams <= 16:
         raise ValueError(f"beams must be in [1, 16], got {beams}")
@@ -786,9 +788,11 @@ def beam_search(next_logits, text_vocab: int, eos: int, max_generated: int, beam
             proposals += [(score + float(logp[b, t]), b, int(t)) for t in best]
         proposals.sort(key=lambda p: -p[0])            # stable: beam order, then rank, on ties
         survivors: list[tuple[list[int], float]] = []
+        walked = 0
         for score, b, token in proposals:
             if len(survivors) == beams:
                 break
+            walked += 1
             ids = live[b][0] + [token]
             if token == eos:
                 finished.append((score / len(ids), ids[:-1]))
@@ -798,9 +802,11 @@ def beam_search(next_logits, text_vocab: int, eos: int, max_generated: int, beam
                 finished.append((score / len(ids), ids))
             else:
                 survivors.append((ids, score))
-        live = survivors
+        prev, live = live, survivors
         if trace is not None:
-            trace.append({"live": [(list(i), s) for i, s in live], "finished": list(finished)})
+            trace.append({"live": [(list(i), s) for i, s in live], "finished": list(finished),
+                          "proposals": [(s, tuple(prev[b][0]) + (t,)) for s, b, t in proposals],
+                          "walked": walked})
     best = max(range(len(finished)), key=lambda i: (finished[i][0], -i))
     return finished[best][1], finished[best][0]
 
