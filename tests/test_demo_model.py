@@ -6,14 +6,16 @@ training, spoken by voice variants never seen in training.
 
 from __future__ import annotations
 
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 
-from harness.wer import edit_ops, normalise, wer
+from harness.wer import alignment, edit_ops, normalise, wer
 from whistle_stream import Whistle
 from whistle_stream.models import resolve_model
 
@@ -183,39 +185,90 @@ def _stream_of(n: int, seed: int):
     return build_stream(n, seed)
 
 
+class Streamed(NamedTuple):
+    text: str  # the streamed committed text
+    one_shot: str  # one-shot transcripts of each utterance, joined
+    truth: str
+    words: list  # committed words, times from the stream start
+    shot_words: list  # the one-shot words, times moved to the stream's clock
+    seams: list  # the stream's trim points (seconds): where the buffer dropped audio
+
+
 @pytest.fixture(scope="module", params=[5, 7, 9])
-def streamed(demo, request):
-    """(streamed committed text, one-shot text of each utterance, truth) over a 2-3 minute stream of
-    40 held-out sentences (three streams: seeds 5, 7 and 9)."""
+def streamed(demo, request) -> Streamed:
+    """A 2-3 minute stream of 40 held-out sentences (three streams: seeds 5, 7 and 9), streamed in
+    1 s chunks and transcribed one utterance at a time."""
     audio, utts = _stream_of(40, seed=request.param)
     assert 120 <= len(audio) / RATE <= 300
     session = demo.open_stream()
+    seams = []
+    session.on_trim = seams.append
     words = []
     for i in range(0, len(audio), RATE):
         words += session.feed(audio[i:i + RATE])["words"]
     words += session.finish()["words"]
-    streamed = " ".join(w["word"] for w in words)
-    one_shot = " ".join(demo.transcribe(u[3])["text"] for u in utts)
-    truth = " ".join(u[2] for u in utts)
-    return streamed, one_shot, truth
+    shots = [demo.transcribe(u[3], word_timestamps=True) for u in utts]
+    shot_words = [{**w, "start": w["start"] + u[0], "end": w["end"] + u[0]} for u, shot in zip(utts, shots)
+                  for w in shot["words"]]
+    return Streamed(" ".join(w["word"] for w in words), " ".join(shot["text"] for shot in shots),
+                    " ".join(u[2] for u in utts), words, shot_words, seams)
 
 
 def test_streamed_text_is_within_one_point_of_one_shot_wer(streamed):
-    text, one_shot, truth = streamed
-    stream_wer, shot_wer = wer([truth], [text]), wer([truth], [one_shot])
+    stream_wer, shot_wer = wer([streamed.truth], [streamed.text]), wer([streamed.truth], [streamed.one_shot])
     print(f"stream WER {stream_wer:.2%} vs one-shot {shot_wer:.2%}")
     assert stream_wer - shot_wer <= 0.01
 
 
+# A word whose audio comes this close to a trim point is at that seam: utterances are cut in the
+# middle of a pause of at least streaming.PAUSE_S (0.45 s), so words of a well-placed cut are
+# further away; a cut placed inside speech, or a word committed again after its audio went,
+# lands within it.
+SEAM_S = 0.3
+
+
+def _key(word: str) -> str:
+    return re.sub(r"[^a-z0-9']", "", word.lower())
+
+
+def test_no_word_is_dropped_or_doubled_at_a_trim_seam(streamed):
+    """Issue 7's explicit seam check. Aligned word by word with the one-shot transcripts, no word
+    near a point where the stream dropped its buffer's audio is missing (dropped) or extra
+    (doubled), and no word is committed on both sides of a seam unless the one-shot text repeats it."""
+    ref = [w for w in streamed.shot_words if _key(w["word"])]
+    hyp = [w for w in streamed.words if _key(w["word"])]
+    assert len(streamed.seams) >= 20, streamed.seams  # an utterance cut at (almost) every pause
+
+    def at_seam(w):
+        return any(w["start"] - SEAM_S <= t <= w["end"] + SEAM_S for t in streamed.seams)
+
+    ops = alignment([_key(w["word"]) for w in ref], [_key(w["word"]) for w in hyp])
+    dropped = [(ref[i]["word"], round(ref[i]["start"], 2)) for kind, i, _ in ops if kind == "D" and at_seam(ref[i])]
+    doubled = [(hyp[j]["word"], round(hyp[j]["start"], 2)) for kind, _, j in ops if kind == "I" and at_seam(hyp[j])]
+    repeated = {(_key(a["word"]), round(a["start"], 2)) for a, b in zip(ref, ref[1:]) if _key(a["word"]) == _key(b["word"])}
+    across = [(a["word"], round(a["start"], 2)) for a, b in zip(hyp, hyp[1:])
+              if _key(a["word"]) == _key(b["word"]) and any(a["start"] <= t <= b["end"] for t in streamed.seams)
+              and not any(k == _key(a["word"]) and abs(t - a["start"]) < 1.0 for k, t in repeated)]
+    kinds = {k: sum(op[0] == k for op in ops) for k in "SDI"}
+    print(f"{len(streamed.seams)} seams; against one-shot {kinds}; at seams: dropped {dropped}, doubled {doubled}, "
+          f"across {across}")
+    assert not dropped and not doubled and not across
+
+
 @WEAK_DEMO
-def test_streamed_text_has_no_dropped_or_doubled_words_against_one_shot(streamed):
-    text, one_shot, _ = streamed
-    s, d, i = edit_ops(normalise(one_shot), normalise(text))
+def test_streamed_text_reads_every_sentence_as_the_one_shot_does(streamed):
+    """Stricter than issue 7 asks (its line is the WER bound above and the seam check): at most 1 %
+    of the one-shot words dropped or added anywhere. The demo model reads some sentences one way
+    from one framing of their audio and another way from another (on seed 9 a 0.1 s earlier start
+    turns "How long does it take to get to the city centre?" into "Happy birthday to you."), so a
+    pass that hears the sentence with different edges than the one-shot clip can differ by whole
+    sentences."""
+    s, d, i = edit_ops(normalise(streamed.one_shot), normalise(streamed.text))
     print(f"stream vs one-shot: {s} substitutions, {d} deletions, {i} insertions")
-    assert d + i <= 0.01 * len(normalise(one_shot)), (s, d, i)
-    hyp = normalise(text)
+    assert d + i <= 0.01 * len(normalise(streamed.one_shot)), (s, d, i)
+    hyp = normalise(streamed.text)
     doubled = [hyp[k] for k in range(1, len(hyp)) if hyp[k] == hyp[k - 1]]
-    ref = normalise(one_shot)
+    ref = normalise(streamed.one_shot)
     assert len(doubled) <= sum(ref[k] == ref[k - 1] for k in range(1, len(ref)))
 
 

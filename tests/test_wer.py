@@ -3,7 +3,7 @@
 import jiwer
 import pytest
 
-from harness.wer import edit_ops, normalise, wer
+from harness.wer import alignment, edit_ops, normalise, wer
 
 
 @pytest.mark.parametrize("ref, hyp", [
@@ -27,3 +27,17 @@ def test_edit_ops_counts_each_kind():
     assert edit_ops(["a", "b", "c"], ["a", "c"]) == (0, 1, 0)
     assert edit_ops(["a", "c"], ["a", "b", "c"]) == (0, 0, 1)
     assert edit_ops(["a", "b"], ["a", "x"]) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("ref, hyp", [
+    ("a b c", "a c"), ("a c", "a b c"), ("a b", "a x"), ("", "a b"), ("a b", ""),
+    ("a b c d", "a x b c d e"), ("x y z", "x y z"),
+])
+def test_alignment_ops_agree_with_edit_ops_and_cover_both_sides_in_order(ref, hyp):
+    r, h = ref.split(), hyp.split()
+    ops = alignment(r, h)
+    counts = tuple(sum(kind == k for kind, _, _ in ops) for k in "SDI")
+    assert counts == edit_ops(r, h)
+    assert [i for _, i, _ in ops if i is not None] == list(range(len(r)))
+    assert [j for _, _, j in ops if j is not None] == list(range(len(h)))
+    assert all((kind == "=") == (i is not None and j is not None and r[i] == h[j]) for kind, i, j in ops)

@@ -55,7 +55,8 @@ class StreamSession:
     """
 
     def __init__(self, model: "Whistle", language: str | None = None, keywords=None, step_s: float = 1.0,
-                 beams: int | None = None, on_pass: Callable[[dict], None] | None = None):
+                 beams: int | None = None, on_pass: Callable[[dict], None] | None = None,
+                 on_trim: Callable[[float], None] | None = None):
         if not (0.1 <= float(step_s) <= 10.0):
             raise ValueError(f"step_s must be between 0.1 and 10 seconds, got {step_s!r}")
         self.model = model
@@ -66,6 +67,7 @@ class StreamSession:
         self.keywords = keywords
         self.beams = beams
         self.on_pass = on_pass  # called with the dict of each single pass (tests, metrics)
+        self.on_trim = on_trim  # called with the buffer's new start (seconds) at each trim (tests)
         self.policy = CommitPolicy()
         self.revision = 0
         self.closed = False
@@ -238,6 +240,8 @@ class StreamSession:
         if trim > self._buffer_start:
             self._buffer = self._buffer[trim - self._buffer_start:]
             self._buffer_start = trim
+            if self.on_trim is not None:
+                self.on_trim(trim / self.rate)
             return True
         return False
 

@@ -53,3 +53,30 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
         e, n = word_errors(r, h)
         errors, words = errors + e, words + n
     return errors / max(words, 1)
+
+
+def alignment(ref: list[str], hyp: list[str]) -> list[tuple[str, int | None, int | None]]:
+    """A minimal edit alignment of hyp to ref as ops (kind, ref index, hyp index): kind "=" (same
+    word), "S" (substituted), "D" (a ref word missing from hyp, hyp index None) or "I" (a hyp word
+    not in ref, ref index None), in order. Same costs and tie order as edit_ops."""
+    n, m = len(ref), len(hyp)
+    cost = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n + 1):
+        cost[i][0] = i
+    for j in range(m + 1):
+        cost[0][j] = j
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            cost[i][j] = min(cost[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]), cost[i - 1][j] + 1, cost[i][j - 1] + 1)
+    ops, i, j = [], n, m
+    while i or j:
+        if i and j and cost[i][j] == cost[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]):
+            ops.append(("=" if ref[i - 1] == hyp[j - 1] else "S", i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif i and cost[i][j] == cost[i - 1][j] + 1:
+            ops.append(("D", i - 1, None))
+            i -= 1
+        else:
+            ops.append(("I", None, j - 1))
+            j -= 1
+    return ops[::-1]
