@@ -186,3 +186,31 @@ def test_a_multi_sentence_clip_joins_its_parts_and_fits_one_window():
     audio, text = demo_data.make_mixed_clip(long)
     assert len(audio) <= demo_data.MAX_SECONDS * demo_data.RATE
     assert text.startswith(" ".join(parts)) and len(text) < len(" ".join(long["parts"]))
+
+
+def _batches(perturb):
+    from tools import train_demo_model as tdm
+
+    rng = np.random.default_rng(0)
+    lengths = [16000, 30000, 47000, 47900, 20000, 64000]
+    rows = [{"pcm": (rng.standard_normal(n) * 3000).astype(np.int16)} for n in lengths]
+    ids = [[2, 512, 5, 6, 1]] * len(rows)
+    return tdm, tdm.Batches(rows, ids, np.random.default_rng(1), perturb=perturb), rows
+
+
+def test_speed_perturbation_changes_each_clip_and_never_overflows_its_batch():
+    tdm, batches, rows = _batches(0.1)
+    samples = tdm.bucket(48000)
+    out = batches.perturbed([1, 2, 3], samples)
+    for before, after in zip([rows[i] for i in (1, 2, 3)], out):
+        speed = len(before["pcm"]) / len(after["pcm"])
+        assert 0.9 - 1e-3 <= speed <= 1.1 + 1e-3 and len(after["pcm"]) <= samples
+        assert after["pcm"].dtype == np.int16
+    assert len(out[2]["pcm"]) <= samples  # 47900 samples in a 48000 bucket: barely slowed, if at all
+
+
+def test_no_perturbation_returns_the_clips_untouched_and_draws_nothing():
+    _, batches, rows = _batches(0.0)
+    state = batches.rng.bit_generator.state
+    assert [r["pcm"] is rows[i]["pcm"] for i, r in zip((0, 4), batches.perturbed([0, 4], 48000))] == [True, True]
+    assert batches.rng.bit_generator.state == state

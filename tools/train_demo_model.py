@@ -19,7 +19,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 
@@ -74,8 +73,8 @@ class Batches:
     by length in fixed groups of 16, each epoch the groups shuffled, every token row fixed_width wide.
     """
 
-    def __init__(self, rows, ids, rng, fixed_width: int | None = None):
-        self.rows, self.ids, self.rng, self.fixed_width = rows, ids, rng, fixed_width
+    def __init__(self, rows, ids, rng, fixed_width: int | None = None, perturb: float = 0.0):
+        self.rows, self.ids, self.rng, self.fixed_width, self.perturb = rows, ids, rng, fixed_width, perturb
         order = np.argsort([len(r["pcm"]) for r in rows], kind="stable")
         self.fixed = [order[i:i + 16] for i in range(0, len(order), 16)]
         self.members: dict[int, list[int]] = {}
@@ -94,7 +93,7 @@ class Batches:
         if self.fixed_width:
             for g in self.rng.permutation(len(self.fixed)):
                 idx = self.fixed[g]
-                yield arrays([self.rows[i] for i in idx], [self.ids[i] for i in idx], width=self.fixed_width)
+                yield arrays(self.perturbed(idx), [self.ids[i] for i in idx], width=self.fixed_width)
             return
         groups = []
         for b, members in sorted(self.members.items()):
@@ -103,7 +102,28 @@ class Batches:
             groups += [(b, order[i:i + size]) for i in range(0, len(order) - size + 1, size)]
         for g in self.rng.permutation(len(groups)):
             b, idx = groups[g]
-            yield arrays([self.rows[i] for i in idx], [self.ids[i] for i in idx], b, self.widths[b])
+            yield arrays(self.perturbed(idx, b), [self.ids[i] for i in idx], b, self.widths[b])
+
+    def perturbed(self, idx, samples: int | None = None) -> list[dict]:
+        """The rows idx, each (with --perturb P) played at a random speed in [1 - P, 1 + P]: tempo,
+        pitch and formants move together, as if another speaker said it (Ko et al. 2015, "Audio
+        augmentation for speech recognition"). A clip is never slowed past `samples` (its batch's
+        padded length), so nothing is cut off."""
+        rows = [self.rows[i] for i in idx]
+        if not self.perturb:
+            return rows
+        import soxr
+
+        out = []
+        for row in rows:
+            speed = self.rng.uniform(1.0 - self.perturb, 1.0 + self.perturb)
+            if samples:
+                speed = max(speed, len(row["pcm"]) / samples)
+            pcm = soxr.resample(row["pcm"].astype(np.float32), demo_data.RATE * speed, demo_data.RATE)
+            if samples:
+                pcm = pcm[:samples]
+            out.append({**row, "pcm": np.clip(np.round(pcm), -32768, 32767).astype(np.int16)})
+        return out
 
 
 def bucket(samples: int) -> int:
@@ -287,11 +307,18 @@ def main(argv=None) -> None:
                     help="extra training clips from demo_data.mixed_items: sentence prefixes, 2-4 sentences, 14-27 s")
     ap.add_argument("--prefix-share", type=float, default=0.30,
                     help="share of --mix clips that are sentence prefixes (0 leaves them out)")
+    ap.add_argument("--perturb", type=float, default=0.0,
+                    help="speed perturbation: each training clip, each epoch, at a speed in [1-P, 1+P] (0: off)")
+    ap.add_argument("--tokenizer-clips", type=int, default=6000,
+                    help="train the tokenizer on the first N training transcripts (a second stage with more "
+                         "--clips keeps its first stage's tokenizer)")
     ap.add_argument("--init", help="checkpoint .npz whose params and CTC head start the run (fresh optimiser "
                                    "and schedule: a second stage)")
     ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape); with --steps equal to "
                                      "its step, only scores it")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.perturb < 0.5:
+        ap.error(f"--perturb is a speed range from 0 to 0.5 (exclusive), got {args.perturb}")
     if not 0.0 <= args.prefix_share <= 1.0:
         ap.error(f"--prefix-share is a share from 0 to 1, got {args.prefix_share}")
     t0 = time.time()
@@ -325,7 +352,7 @@ def main(argv=None) -> None:
     log(f"clips train {len(splits['train'])} ({minutes:.1f} min) + mixed {len(mixed)} ({mixed_minutes:.1f} min)  validation {len(splits['validation'])}"
         f"  test {len(splits['test'])}  ({time.time() - t0:.0f} s)")
 
-    proto = train_tokenizer([r["text"] for r in splits["train"]], args.vocab, args.seed)
+    proto = train_tokenizer([r["text"] for r in splits["train"][:args.tokenizer_clips]], args.vocab, args.seed)
     sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
     blob = whistle_tokenizer_blob(proto, (LANGUAGE,))
     cfg = WhistleConfig(text=len(proto.pieces), languages=(LANGUAGE,), dim=args.dim, kv_heads=1, qk_dim=32,
@@ -436,7 +463,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"a training transcript has {max(map(len, train_ids))} tokens, over {cfg.max_tokens}")
     first_stage = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
     batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(args.seed),
-                      fixed_width=None if mixed else first_stage)
+                      fixed_width=None if mixed else first_stage, perturb=args.perturb)
     step, recent, tick = start_step, [], time.time()
     log(f"training {args.steps} steps, {batches.count()} batches/epoch (compiling...)")
     while step < args.steps:
