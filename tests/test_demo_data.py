@@ -214,3 +214,37 @@ def test_no_perturbation_returns_the_clips_untouched_and_draws_nothing():
     state = batches.rng.bit_generator.state
     assert [r["pcm"] is rows[i]["pcm"] for i, r in zip((0, 4), batches.perturbed([0, 4], 48000))] == [True, True]
     assert batches.rng.bit_generator.state == state
+
+
+def test_spliced_specs_are_seeded_prefix_stable_and_held_out():
+    items = demo_data.spliced_items(200, seed=0)
+    assert items == demo_data.spliced_items(200, seed=0) and items[:50] == demo_data.spliced_items(50, seed=0)
+    reserved = set(demo_data.test_sentences(demo_data.TEST_POOL, 0))
+    assert all(it["kind"] == "spliced" and it["voice"] in demo_data.TRAIN_VOICES for it in items)
+    assert not reserved & {it["source"] for it in items}
+
+
+def test_speech_span_trims_the_silence_around_a_sound():
+    audio = np.zeros(16000, np.float32)
+    audio[4800:9600] = np.sin(np.arange(4800) * 0.3)
+    assert demo_data.speech_span(audio) == (4800, 9600)
+    assert demo_data.speech_span(np.zeros(1000, np.float32)) == (0, 0)
+
+
+@needs_tts
+def test_a_spliced_clip_says_its_sentence_one_word_at_a_time():
+    item = next(it for it in demo_data.spliced_items(50, seed=0) if it["voice"].startswith("espeak-ng/"))
+    audio, text = demo_data.make_mixed_clip(item)
+    assert text == item["source"]
+    again, _ = demo_data.make_mixed_clip(item)
+    np.testing.assert_array_equal(audio, again)
+    # the words' own spans (same voice, speed and pitch for each) plus 0.05-0.7 s between them and
+    # 0.1-0.8 s of lead and trail: the clip is exactly that long range
+    voice_seed = int(np.random.default_rng(item["seed"]).integers(2 ** 31))
+    words = item["source"].split()
+    spans = [demo_data.speech_span(demo_data.synthesize(w, item["voice"], np.random.default_rng(voice_seed)))
+             for w in words]
+    speech = sum(e - s for s, e in spans) / demo_data.RATE
+    assert all(e > s for s, e in spans)
+    seconds = len(audio) / demo_data.RATE
+    assert speech + 0.05 * (len(words) - 1) + 0.2 - 0.01 <= seconds <= speech + 0.7 * (len(words) - 1) + 1.6 + 0.01

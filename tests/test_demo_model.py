@@ -139,15 +139,6 @@ def test_a_misheard_word_is_transcribed_with_its_keyword(demo, beam_hyps):
 
 # ---- word times (issue 5) ---------------------------------------------------------------------
 
-def _speech_span(audio: np.ndarray) -> tuple[int, int]:
-    """First and last sample of a synthesised word above -40 dB of its peak (30 ms frames)."""
-    frame = 480
-    n = len(audio) // frame
-    energy = np.sqrt((audio[: n * frame].reshape(n, frame).astype(np.float64) ** 2).mean(1))
-    on = np.flatnonzero(energy > energy.max() * 10 ** (-40 / 20))
-    return on[0] * frame, (on[-1] + 1) * frame
-
-
 @WEAK_DEMO
 def test_word_times_fall_within_two_frames_of_the_truth(demo):
     rng = np.random.default_rng(0)
@@ -157,7 +148,7 @@ def test_word_times_fall_within_two_frames_of_the_truth(demo):
         parts, truth, t = [np.zeros(int(0.5 * RATE), np.float32)], [], int(0.5 * RATE)
         for j, word in enumerate(sentence.split()):
             audio = demo_data.synthesize(word, "espeak-ng/en-us", np.random.default_rng(100 * k + j))
-            s, e = _speech_span(audio)
+            s, e = demo_data.speech_span(audio)
             audio = audio[s:e]
             parts.append(audio)
             truth.append((word, t / RATE, (t + len(audio)) / RATE))

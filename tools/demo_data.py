@@ -212,8 +212,8 @@ _TEMPLATES = [
     lambda r: f"Measure {_decimal(r)} {_pick(r, ['cups', 'grams', 'litres', 'inches', 'metres'])}.",
     lambda r: f"I was born on {_date(r)}.",
     lambda r: f"Today is {_pick(r, DAYS)}, {_date(r)}.",
-    lambda r: f"Stop the timer.",
-    lambda r: f"Pause the music.",
+    lambda r: "Stop the timer.",
+    lambda r: "Pause the music.",
     lambda r: f"Cancel my {_ordinal_alarm(r)} alarm.",
     lambda r: _pick(r, EVERYDAY),
     lambda r: f"I need {_pick(r, FOODS)} from the shop.",
@@ -541,6 +541,35 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
     return items
 
 
+def spliced_items(n: int, seed: int = 0) -> list[dict]:
+    """n extra training clip specs on TRAIN_VOICES, from their own sentence stream (test pool
+    removed): "spliced", a sentence spoken one word at a time (each word synthesised alone, its
+    silence trimmed, 0.05-0.7 s of silence between words), as someone dictating word by word
+    says it, and as the word-timestamp tests build their clips."""
+    rng, reserved = _rng(seed, "spliced"), _reserved(seed)
+    source = _rng(seed, "spliced-sentences")
+    items = []
+    for i in range(n):
+        text = sentence(source)
+        while text in reserved:
+            text = sentence(source)
+        items.append({"kind": "spliced", "source": text, "voice": _pick(rng, TRAIN_VOICES),
+                      "seed": int(_rng(seed, "spliced", i).integers(2 ** 31))})
+    return items
+
+
+def speech_span(audio: np.ndarray, floor_db: float = 40.0) -> tuple[int, int]:
+    """First and last sample of the 30 ms frames within floor_db of the loudest one (a synthesised
+    word without the silence around it); (0, 0) for silence."""
+    frame = 480
+    n = len(audio) // frame
+    energy = np.sqrt((audio[: n * frame].reshape(n, frame).astype(np.float64) ** 2).mean(1))
+    if not n or energy.max() <= 0.0:
+        return 0, 0
+    on = np.flatnonzero(energy > energy.max() * 10 ** (-floor_db / 20))
+    return int(on[0]) * frame, (int(on[-1]) + 1) * frame
+
+
 def _prefix_text(words: list[str]) -> str:
     return " ".join(words).rstrip(",;:")
 
@@ -559,6 +588,16 @@ def make_mixed_clip(item: dict) -> tuple[np.ndarray, str]:
         cut = starts[keep] + int(rng.uniform(0.0, 0.4) * (nxt - starts[keep])) if keep < len(words) else len(speech)
         audio = soxr.resample(speech[:cut], rate, RATE, quality="HQ")
         return augment(audio.astype(np.float32), rng, trailing=False), _prefix_text(words[:keep])
+    if item["kind"] == "spliced":
+        voice_seed = int(rng.integers(2 ** 31))  # one speed and pitch for every word of the clip
+        pieces = []
+        for k, word in enumerate(item["source"].split()):
+            speech = synthesize(word, item["voice"], np.random.default_rng(voice_seed))
+            first, last = speech_span(speech)
+            if k:
+                pieces.append(np.zeros(int(rng.uniform(0.05, 0.7) * RATE), np.float32))
+            pieces.append(speech[first:last])
+        return augment(np.concatenate(pieces), rng), item["source"]
     pieces, texts, total = [], [], 0
     for k, part in enumerate(item["parts"]):
         speech = synthesize(part, item["voice"], rng)

@@ -307,6 +307,8 @@ def main(argv=None) -> None:
                     help="extra training clips from demo_data.mixed_items: sentence prefixes, 2-4 sentences, 14-27 s")
     ap.add_argument("--prefix-share", type=float, default=0.30,
                     help="share of --mix clips that are sentence prefixes (0 leaves them out)")
+    ap.add_argument("--spliced", type=int, default=0,
+                    help="extra training clips from demo_data.spliced_items: sentences spoken one word at a time")
     ap.add_argument("--perturb", type=float, default=0.0,
                     help="speed perturbation: each training clip, each epoch, at a speed in [1-P, 1+P] (0: off)")
     ap.add_argument("--tokenizer-clips", type=int, default=6000,
@@ -345,8 +347,11 @@ def main(argv=None) -> None:
         name = "mixed" if args.prefix_share == 0.30 else f"mixed-prefix{args.prefix_share:g}"
         manifests["mixed"] = demo_data.write_split(demo_data.mixed_items(args.mix, args.seed, args.prefix_share),
                                                    args.data, name)
+    if args.spliced:
+        manifests["spliced"] = demo_data.write_split(demo_data.spliced_items(args.spliced, args.seed), args.data,
+                                                     "spliced")
     splits = {k: load_split(v) for k, v in manifests.items()}
-    mixed = splits.pop("mixed", [])
+    mixed = splits.pop("mixed", []) + splits.pop("spliced", [])
     minutes = sum(len(r["pcm"]) for r in splits["train"]) / demo_data.RATE / 60
     mixed_minutes = sum(len(r["pcm"]) for r in mixed) / demo_data.RATE / 60
     log(f"clips train {len(splits['train'])} ({minutes:.1f} min) + mixed {len(mixed)} ({mixed_minutes:.1f} min)  validation {len(splits['validation'])}"
