@@ -13,6 +13,10 @@ the input embedding) are widened to --vocab rows of random CQ4 codes. The contex
 beams to random parents, as a search does. "Transcription" = start (cross K/V of every layer),
 the 2-token prompt, then --tokens 5-beam steps: tokens/s = tokens / that wall time.
 
+Step times are measured twice: alternating one engine step with one baseline step (so machine load
+hits both alike, but each engine step starts with caches the baseline's float32 sweep emptied), and
+in blocks of 10 engine steps back to back, as a beam search runs them.
+
 The NumPy baseline keeps every matrix dequantised to float32 and multiplies through BLAS, keeps
 one KV cache per beam and gathers it on every reorder, and runs the same quantisation points;
 its logits are compared with the engine's at the end.
@@ -310,6 +314,25 @@ def main() -> None:
               f"best {ts.min():.2f} ms, median {np.median(ts):.2f} ms")
     print(f"engine vs numpy logits: max |delta| {max(agree):.3g}, top-1 identical on "
           f"{sum(top1)}/{len(top1)} steps")
+
+    # The steps above alternate with the baseline's, which sweeps ~100 MB of float32 weights
+    # between two engine steps (every engine step starts with cold caches). A search runs its steps
+    # back to back: blocks of 10 consecutive engine steps from context 50, a fresh state each block.
+    for threads in settings:
+        kernels.set_threads(threads)
+        run = []
+        for _ in range(max(1, args.steps // 10)):
+            st = dec.start(enc, beams=args.beams)
+            dec.feed(st, prompt)
+            dec.step(st, zero, first)
+            for _ in range(10):
+                parents, tokens = rng.integers(0, args.beams, args.beams), rng.integers(3, d.text_vocab, args.beams)
+                t0 = time.perf_counter()
+                dec.step(st, parents, tokens)
+                run.append(time.perf_counter() - t0)
+        run = np.array(run) * 1e3
+        print(f"{names[threads]:>9} 5-beam step back to back at context {args.context}..{args.context + 10}: "
+              f"best {run.min():.2f} ms, median {np.median(run):.2f} ms ({len(run)} steps)")
 
     def transcribe(impl) -> float:
         t0 = time.perf_counter()
