@@ -37,12 +37,13 @@ def main(argv=None) -> None:
     from harness.wer import normalise
     from tools import demo_data
     from whistle_stream import Whistle
-    from whistle_stream.alignment import word_times
+    from whistle_stream.alignment import sounding_frames, trim_to_sound, word_times
 
     model = Whistle(args.model)
     d = model.dims
     rng = np.random.default_rng(args.seed)
-    errors = {"with tag and </s> rows (engine)": [], "text rows only": []}
+    errors = {"engine: tag and </s> rows, edges trimmed to sound": [], "tag and </s> rows, no trim": [],
+              "text rows only, no trim": []}
     used = 0
     for item in demo_data.test_items(args.clips, 0):
         if not item["voice"].startswith("espeak-ng/"):
@@ -63,9 +64,14 @@ def main(argv=None) -> None:
         tokens = list(out["tokens"])
         weights = model.decoder.cross_attention_weights(model.embed(pcm), [d.bos, d.language_id(out["language"])] + tokens)
         probs = np.ones(len(tokens))
-        for label, rows, lead_rows, trail_rows in (("with tag and </s> rows (engine)", weights, 1, 1),
-                                                   ("text rows only", weights[:, 1:-1], 0, 0)):
+        sounding = sounding_frames(pcm, int(round(d.frame_seconds * RATE)), weights.shape[2])
+        for label, rows, lead_rows, trail_rows, trim in (
+                ("engine: tag and </s> rows, edges trimmed to sound", weights, 1, 1, True),
+                ("tag and </s> rows, no trim", weights, 1, 1, False),
+                ("text rows only, no trim", weights[:, 1:-1], 0, 0, False)):
             words = word_times(rows, tokens, probs, model.tokenizer, d.frame_seconds, lead=lead_rows, trail=trail_rows)
+            if trim:
+                words = trim_to_sound(words, sounding, d.frame_seconds)
             if len(words) == len(truth):
                 errors[label] += [abs(w["start"] - t) for w, t in zip(words, truth)]
     print(f"model {model.name}: {used} sentences transcribed exactly (of the espeak-ng voices among {args.clips} test items)")

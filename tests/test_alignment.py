@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from whistle_stream.alignment import dtw_path, token_frames, word_times
+from whistle_stream.alignment import dtw_path, sounding_frames, token_frames, trim_to_sound, word_times
 
 SP = "\u2581"
 
@@ -219,3 +219,29 @@ def test_lead_and_trail_rows_take_the_silence_around_the_words():
     assert no_rows[0]["start"] == 0.0 and no_rows[-1]["end"] == pytest.approx(32 * 0.08)  # what they fix
     with pytest.raises(ValueError, match="lead"):
         word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, lead=1, trail=0)
+
+
+def test_sounding_frames_marks_frames_within_the_floor_of_the_speech_level():
+    frame = 1280
+    pcm = np.zeros(10 * frame, np.float32)
+    pcm[2 * frame:5 * frame] = 0.5 * np.sin(np.arange(3 * frame) * 0.2)  # speech
+    pcm[7 * frame:8 * frame] = 0.5e-3  # -60 dB of it: not sound at a 35 dB floor
+    got = sounding_frames(pcm, frame, 11)  # one frame past the audio reads as zeros
+    assert got.tolist() == [False, False, True, True, True, False, False, False, False, False, False]
+    assert sounding_frames(pcm, frame, 11, floor_db=70.0)[7]
+    assert sounding_frames(np.zeros(3 * frame, np.float32), frame, 3).all()  # nothing stands out
+    with pytest.raises(ValueError, match="frame_samples"):
+        sounding_frames(pcm, 0, 3)
+
+
+def test_trim_to_sound_shrinks_word_edges_to_sounding_frames_only():
+    sounding = np.array([0, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0], bool)
+    words = [{"word": "a", "start": 0.0, "end": 0.48, "probability": 1.0},  # frames 0-5: sound 1-2
+             {"word": "b", "start": 0.48, "end": 0.96, "probability": 1.0},  # frames 6-11: sound 6-8
+             {"word": "c", "start": 0.96, "end": 0.96, "probability": 1.0}]  # empty span: unchanged
+    got = trim_to_sound(words, sounding, 0.08)
+    assert [(w["start"], w["end"]) for w in got] == [(0.08, 0.24), (0.48, 0.72), (0.96, 0.96)]
+    quiet = trim_to_sound(words, np.zeros(12, bool), 0.08)
+    assert quiet == words  # no sounding frame: the path's spans stay
+    shifted = trim_to_sound([{**w, "start": w["start"] + 1.0, "end": w["end"] + 1.0} for w in words], sounding, 0.08, 1.0)
+    assert [(w["start"], w["end"]) for w in shifted] == [(1.08, 1.24), (1.48, 1.72), (1.96, 1.96)]

@@ -169,3 +169,40 @@ def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Seque
         words.append({"word": text, "start": start, "end": stop, "probability": float(probs[a:b].mean())})
         prev_end = stop
     return words
+
+
+def sounding_frames(pcm: np.ndarray, frame_samples: int, frames: int, floor_db: float = 35.0) -> np.ndarray:
+    """(frames,) bool: whether each encoder frame of pcm (frame k = samples [k, k + 1) x
+    frame_samples, zero past the end) holds sound, i.e. its RMS is within floor_db of the clip's
+    speech level (the 90th percentile frame). All True when nothing stands out (noise as loud as
+    the speech, or silence), so that word times are then left as the path gave them."""
+    if frame_samples <= 0 or frames < 0:
+        raise ValueError(f"frame_samples must be positive and frames non-negative, got {frame_samples}, {frames}")
+    x = np.zeros(frames * frame_samples, np.float64)
+    n = min(len(pcm), len(x))
+    x[:n] = np.asarray(pcm[:n], np.float64)
+    rms = np.sqrt(np.mean(x.reshape(frames, frame_samples) ** 2, axis=1)) if frames else np.zeros(0)
+    level = float(np.percentile(rms, 90)) if frames else 0.0
+    if level <= 0.0:
+        return np.ones(frames, bool)
+    return rms > level * 10.0 ** (-floor_db / 20.0)
+
+
+def trim_to_sound(words: list[dict], sounding: np.ndarray, frame_seconds: float, offset_s: float = 0.0) -> list[dict]:
+    """Each word's span shrunk to its first and last sounding encoder frame (80 ms resolution).
+
+    The DTW path gives every frame to some token, so the silence between two words belongs to one
+    of them: a word said before a pause would end at the next word's start. Dropping the silent
+    frames at a word's edges puts its start and end where its sound is. A word with no sounding
+    frame in its span keeps the span the path gave it."""
+    out = []
+    for w in words:
+        a = int(round((w["start"] - offset_s) / frame_seconds))
+        b = int(round((w["end"] - offset_s) / frame_seconds))
+        on = np.flatnonzero(sounding[max(a, 0):max(b, 0)])
+        if len(on):
+            start = round(offset_s + (a + on[0]) * frame_seconds, 3)
+            end = round(offset_s + (a + on[-1] + 1) * frame_seconds, 3)
+            w = {**w, "start": max(w["start"], start), "end": min(w["end"], end)}
+        out.append(w)
+    return out

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import frontend
-from .alignment import word_times
+from .alignment import sounding_frames, trim_to_sound, word_times
 from .container import CactFile
 from .decoder import Decoder
 from .encoder import Encoder
@@ -150,9 +150,10 @@ class Whistle:
                 weights = weights[:, :-1]
             probs = np.exp(np.asarray(result.token_logprobs, np.float64))
             duration = len(pcm) / d.rate  # the last encoder frame may reach past the audio
+            timed = word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds, 0.0, lead=1, trail=trail)
+            sounding = sounding_frames(pcm, int(round(d.frame_seconds * d.rate)), len(enc))
             out["words"] = [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
-                            for w in word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds, 0.0,
-                                                lead=1, trail=trail)]
+                            for w in trim_to_sound(timed, sounding, d.frame_seconds)]
         return out
 
     def decode(self, audio, language: str | None = None, keywords=None, beams: int = 5) -> dict:
