@@ -201,6 +201,20 @@ def test_word_times_are_ordered_and_within_the_clip(tiny, clips):
             last = w["end"]
 
 
+def test_align_times_any_text_and_refuses_bad_input(tiny, clips):
+    pcm = clips["espeak_5s"]
+    words = tiny.align(pcm, "set a timer for ten minutes")
+    assert [w["word"] for w in words] == "set a timer for ten minutes".split()
+    assert all(0.0 <= w["start"] <= w["end"] <= len(pcm) / RATE and 0.0 <= w["probability"] <= 1.0 for w in words)
+    assert tiny.align(pcm, "   ") == []
+    with pytest.raises(ValueError, match="at most 30 s"):
+        tiny.align(np.zeros(31 * RATE, np.float32), "hello")
+    with pytest.raises(TypeError, match="text must be a string"):
+        tiny.align(pcm, ["hello"])
+    with pytest.raises(ValueError, match="language"):
+        tiny.align(pcm, "hello", language="xx")
+
+
 def test_greedy_without_keywords_is_plain_argmax(tiny, clips):
     pcm = clips["espeak_5s"]
     assert tiny.decode(pcm, beams=1) == tiny.decode(pcm, beams=1, keywords="")

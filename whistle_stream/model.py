@@ -137,24 +137,58 @@ class Whistle:
         out = {"tokens": result.tokens, "text": self.tokenizer.decode(result.tokens).strip(),
                "language": language, "ttft": ttft, "decode_s": decode_s, "words": []}
         if words and result.tokens:
-            prompt = [d.bos, tag]
-            # Row p of the weights is the query that predicts token p + 1: rows 1 .. n predict the
-            # transcript's tokens; row 0 (predicting the tag) and row n + 1 (predicting </s>) join
-            # the path to take the silence before and after the words (alignment.word_times). Audio
-            # that stops mid-speech has no silence after the words, so there the </s> row is left
-            # out and the last word keeps the end (the row's job is silence, which such audio does not
-            # end with; on the seven demo streams it changed no committed word when it was added).
-            weights = self.decoder.cross_attention_weights(enc, prompt + list(result.tokens))
-            trail = 0 if open_end else 1
-            if open_end:
-                weights = weights[:, :-1]
             probs = np.exp(np.asarray(result.token_logprobs, np.float64))
-            duration = len(pcm) / d.rate  # the last encoder frame may reach past the audio
-            timed = word_times(weights, result.tokens, probs, self.tokenizer, d.frame_seconds, 0.0, lead=1, trail=trail)
-            sounding = sounding_frames(pcm, int(round(d.frame_seconds * d.rate)), len(enc))
-            out["words"] = [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
-                            for w in trim_to_sound(timed, sounding, d.frame_seconds)]
+            out["words"] = self._word_times(pcm, enc, tag, result.tokens, probs, open_end)
         return out
+
+    def _word_times(self, pcm: np.ndarray, enc: np.ndarray, tag: int, tokens, probs, open_end: bool) -> list[dict]:
+        """§8 word times of `tokens` (the transcript after the prompt) over one window's audio."""
+        d = self.dims
+        # Row p of the weights is the query that predicts token p + 1: rows 1 .. n predict the
+        # transcript's tokens; row 0 (predicting the tag) and row n + 1 (predicting </s>) join
+        # the path to take the silence before and after the words (alignment.word_times). Audio
+        # that stops mid-speech has no silence after the words, so there the </s> row is left
+        # out and the last word keeps the end (the row's job is silence, which such audio does not
+        # end with; on the seven demo streams it changed no committed word when it was added).
+        weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + list(tokens))
+        trail = 0 if open_end else 1
+        if open_end:
+            weights = weights[:, :-1]
+        duration = len(pcm) / d.rate  # the last encoder frame may reach past the audio
+        timed = word_times(weights, list(tokens), probs, self.tokenizer, d.frame_seconds, 0.0, lead=1, trail=trail)
+        sounding = sounding_frames(pcm, int(round(d.frame_seconds * d.rate)), len(enc))
+        return [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
+                for w in trim_to_sound(timed, sounding, d.frame_seconds)]
+
+    def align(self, audio, text: str, language: str | None = None) -> list[dict]:
+        """Forced alignment: word times of a known transcript over audio of at most 30 s (§8's
+        teacher-forced pass, run on `text` instead of a transcript the search chose):
+        [{word, start, end, probability}], seconds from the clip start. The language is detected
+        as `transcribe` does unless given. For subtitles of a known script, and to measure word
+        timing apart from recognition."""
+        d = self.dims
+        language = self.check_language(language)
+        pcm = self.load_audio(audio)
+        if len(pcm) > int(WINDOW_S * d.rate):
+            raise ValueError(f"align takes at most {WINDOW_S:g} s of audio, got {len(pcm) / d.rate:.1f} s")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}")
+        tokens = self.tokenizer.encode(text.strip())
+        if len(tokens) + 3 > d.max_tokens:
+            raise ValueError(f"text is {len(tokens)} tokens; the model aligns at most {d.max_tokens - 3}")
+        enc = self._encode(pcm)
+        if not tokens or len(enc) == 0:
+            return []
+        if language is None:
+            first = self.decoder.logits(enc, [d.bos])[0]
+            language = d.languages[int(np.argmax(first[d.first_tag:d.first_tag + len(d.languages)]))]
+        tag = d.language_id(language)
+        logits = self.decoder.logits(enc, [d.bos, tag] + tokens)[1:-1]  # row i predicts tokens[i]
+        text_logits = logits[:, :d.text_vocab].astype(np.float64)
+        top = text_logits.max(axis=1, keepdims=True)
+        logp = text_logits - top - np.log(np.exp(text_logits - top).sum(axis=1, keepdims=True))
+        probs = np.exp(logp[np.arange(len(tokens)), tokens])
+        return self._word_times(pcm, enc, tag, tokens, probs, open_end=False)
 
     def decode(self, audio, language: str | None = None, keywords=None, beams: int = 5) -> dict:
         """One window (<= 30 s) without the silence gate: {"tokens", "text", "language"}.
