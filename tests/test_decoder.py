@@ -463,6 +463,12 @@ def test_cross_attention_weights_are_distributions_per_layer_and_head(odd_model,
     assert (w >= 0).all()
     w3 = dec.cross_attention_weights(enc, tokens, layers=[3])
     np.testing.assert_array_equal(w3, w[d.heads:])
+    # a kept layer followed by layers nobody asked for keeps its own weights
+    each = [dec.cross_attention_weights(enc, tokens, layers=[i]) for i in dec.kept]
+    both = dec.cross_attention_weights(enc, tokens, layers=dec.kept)
+    np.testing.assert_array_equal(np.concatenate(each), both)
+    np.testing.assert_array_equal(each[-2], w[:d.heads])
+    assert not np.array_equal(each[0], each[-1])
 
 
 # ---------------------------------------------------------------- boundary checks

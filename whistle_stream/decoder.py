@@ -468,9 +468,10 @@ class Decoder:
 
         stream = self.lanes.expand(x)  # (B*S, lanes, width)
         spare = np.empty_like(stream)
-        weights = np.empty((n, d.heads, state.frames), np.float32)
+        scratch = np.empty((n, d.heads, state.frames), np.float32)
         for li, layer in enumerate(self.layers):
             key, value = engram.get(layer.site, (self._no_engram, self._no_engram))
+            weights = scratch  # a layer whose weights nobody keeps writes them here
             if collect is not None and layer.index in collect[0]:
                 weights = collect[1][layer.index] = np.empty((n, d.heads, state.frames), np.float32)
             _block_step(stream, spare, weights, key, value, rows, start, *state.layer_args[li])
