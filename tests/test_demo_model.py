@@ -221,6 +221,75 @@ def streamed(demo, request) -> Streamed:
                     " ".join(u[2] for u in utts), words, shot_words, seams)
 
 
+def _reads_something_twice(words: list) -> bool:
+    """Whether a pass hypothesis reads a sentence twice, loops, or ends doubled: what the commit rule
+    says once (issue 7, §6 loop rule)."""
+    from whistle_stream.commit import doubled_tail, restarted_sentence
+    from whistle_stream.search import find_loop
+
+    texts = [normalise(w) for w in words]
+    return restarted_sentence(words) is not None or bool(find_loop(texts)) or doubled_tail(texts) > 0
+
+
+def _is_subsequence(part: list, whole: list) -> bool:
+    it = iter(whole)
+    return all(any(x == y for y in it) for x in part)
+
+
+def test_per_call_invariants_hold_over_many_held_out_clips(demo):
+    """Issue 7's per-call invariants on the demo model: 24 held-out clips, each streamed alone in
+    333 ms chunks, then a 40-sentence stream: revision never decreases, the committed words only
+    grow, each pass's newly committed and pending words are the end of its hypothesis (where the
+    pass read a sentence twice or looped, which the commit rule says once: its words in order; the
+    demo model does so in about a quarter of the passes over part of a sentence), finish() leaves
+    nothing pending, word times are ordered and within the audio received."""
+    clips = [audio for audio, _ in held_out(24)] + [_stream_of(40, seed=5)[0]]
+    checked = repeats = 0
+    for audio in clips:
+        session = demo.open_stream()
+        hyps, passes = [], []
+        original = demo.transcribe_words
+
+        def spy(*args, **kwargs):
+            result = original(*args, **kwargs)
+            hyps.append([w["word"] for w in result["words"]])
+            return result
+
+        session.on_pass = lambda d: passes.append((d, len(hyps)))
+        demo.transcribe_words = spy
+        try:
+            dicts = [session.feed(audio[i:i + RATE // 3]) for i in range(0, len(audio), RATE // 3)]
+            dicts.append(session.finish())
+        finally:
+            del demo.transcribe_words
+        revision, committed, last_end = -1, [], 0.0
+        for d in dicts:
+            assert d["revision"] >= revision
+            revision = d["revision"]
+            before = list(committed)
+            committed += [w["word"] for w in d["words"]]
+            assert committed[:len(before)] == before and (d["text"] == " ".join(w["word"] for w in d["words"]))
+            for w in d["words"]:
+                assert last_end - 1e-9 <= w["start"] <= w["end"] <= d["received"] + 1e-9
+                last_end = w["end"]
+        assert dicts[-1]["pending"] == ""
+        seen = 0
+        for d, n in passes:
+            if n == seen:
+                continue  # the silence gate skipped the model: no hypothesis
+            seen = n
+            hyp = hyps[n - 1]
+            tail = [w["word"] for w in d["words"]] + d["pending"].split()
+            if _reads_something_twice(hyp):  # said once: nothing invented, in the pass's order
+                assert _is_subsequence(tail, hyp), (hyp, d)
+                repeats += 1
+            else:
+                assert hyp[len(hyp) - len(tail):] == tail, (hyp, d)
+            checked += 1
+    print(f"{checked} passes, {repeats} of them reading a sentence twice or looping")
+    assert checked >= 150 and checked - repeats >= 100
+
+
 def test_streamed_text_is_within_one_point_of_one_shot_wer(streamed):
     stream_wer, shot_wer = wer([streamed.truth], [streamed.text]), wer([streamed.truth], [streamed.one_shot])
     print(f"stream WER {stream_wer:.2%} vs one-shot {shot_wer:.2%}")

@@ -55,7 +55,9 @@ class Word:
             raise ValueError(f"a word dict needs the keys word, start and end; missing {e}") from e
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The dict a stream reports; times rounded to the microsecond as `received` is (rounding
+        both the same way keeps a word that ends with the audio within what was received)."""
+        return {**asdict(self), "start": round(float(self.start), 6), "end": round(float(self.end), 6)}
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,15 @@ class CommitPolicy:
             tail = self._beyond_horizon(words, bool(current))
             if said and [normalise(w.word) for w in tail[:len(said)]] == said:
                 tail = tail[len(said):]  # the utterance re-read from its start, re-timed past the horizon
+        said_raw = [w.word for w in current]
+        while (restart := restarted_sentence(said_raw + [w.word for w in tail])) is not None \
+                and restart[0] < len(current) <= restart[1]:
+            # The earlier reading is (partly) committed: the later one goes, through its sentence end.
+            words_now = said_raw + [w.word for w in tail]
+            b = restart[1]
+            end = next((i + 1 for i in range(b, len(words_now)) if words_now[i].rstrip().endswith(_SENTENCE_END)),
+                       len(words_now))
+            tail = tail[:b - len(current)] + tail[end - len(current):]
         while (restart := restarted_sentence([w.word for w in tail])) is not None:
             a, b = restart
             tail = tail[:a] + tail[b:]  # the earlier reading of the same sentence goes
