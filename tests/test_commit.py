@@ -259,3 +259,18 @@ def test_a_re_read_utterance_with_a_word_read_differently_is_not_committed_again
     result = policy.update(hyp("We are meeting Ben at the airport this afternoon."))
     assert texts(result.pending) == ["this", "afternoon."]
     assert texts(policy.flush().new) == ["this", "afternoon."]
+
+
+def test_a_second_reading_of_a_partly_committed_sentence_is_dropped():
+    """The pass reads the sentence whose start is committed, then reads it again from its start:
+    the committed reading stays, the later one goes through its sentence end, what follows stays."""
+    policy = CommitPolicy()
+    first = "Room five hundred and sixty-five is on the"
+    policy.update(hyp(first))
+    policy.update(hyp(first + " sixteenth"))
+    assert texts(policy.committed) == first.split()  # agreed by two passes (the last word held)
+    again = first + " sixteenth floor. Room five hundred and sixteen is on the sixteenth floor. Call Tom."
+    result = policy.update(hyp(again))
+    assert texts(result.new) == ["sixteenth"] and texts(result.pending) == ["floor.", "Call", "Tom."]
+    result = policy.update(hyp(again))
+    assert texts(result.committed) == first.split() + ["sixteenth", "floor.", "Call", "Tom."]
