@@ -6,7 +6,6 @@ training, spoken by voice variants never seen in training.
 
 from __future__ import annotations
 
-import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from harness.wer import alignment, edit_ops, normalise, wer
+from harness.wer import edit_ops, normalise, seam_errors, wer
 from whistle_stream import Whistle
 from whistle_stream.models import resolve_model
 
@@ -296,44 +295,11 @@ def test_streamed_text_is_within_one_point_of_one_shot_wer(streamed):
     assert stream_wer - shot_wer <= 0.01
 
 
-# A word whose audio comes this close to a trim point is at that seam: utterances are cut in the
-# middle of a pause of at least streaming.PAUSE_S (0.45 s), so words of a well-placed cut are
-# further away; a cut placed inside speech, or a word committed again after its audio went,
-# lands within it.
-SEAM_S = 0.3
-
-
-def _key(word: str) -> str:
-    return re.sub(r"[^a-z0-9']", "", word.lower())
-
-
-def _seam_errors(ref: list, hyp: list, seams: list) -> dict:
-    """Words dropped or doubled at seams: ref (one-shot) and hyp words ({word, start, end}, one
-    clock) aligned word by word; a missing (dropped) or extra (doubled) word whose audio comes within
-    SEAM_S of a seam, or a word committed on both sides of a seam where ref does not repeat it."""
-    ref = [w for w in ref if _key(w["word"])]
-    hyp = [w for w in hyp if _key(w["word"])]
-
-    def at_seam(w):
-        return any(w["start"] - SEAM_S <= t <= w["end"] + SEAM_S for t in seams)
-
-    ops = alignment([_key(w["word"]) for w in ref], [_key(w["word"]) for w in hyp])
-    repeats = [a["start"] for a, b in zip(ref, ref[1:]) if _key(a["word"]) == _key(b["word"])]
-    return {
-        "dropped": [(ref[i]["word"], round(ref[i]["start"], 2)) for kind, i, _ in ops if kind == "D" and at_seam(ref[i])],
-        "doubled": [(hyp[j]["word"], round(hyp[j]["start"], 2)) for kind, _, j in ops if kind == "I" and at_seam(hyp[j])],
-        "across": [(a["word"], round(a["start"], 2)) for a, b in zip(hyp, hyp[1:])
-                   if _key(a["word"]) == _key(b["word"]) and any(a["start"] <= t <= b["end"] for t in seams)
-                   and not any(abs(t - a["start"]) < 1.0 for t in repeats)],
-        "counts": {k: sum(op[0] == k for op in ops) for k in "SDI"},
-    }
-
-
 def test_no_word_is_dropped_or_doubled_at_a_trim_seam(streamed):
     """Issue 7's explicit seam check: at the points where the stream dropped its buffer's audio, no
     word is missing or extra against the one-shot transcripts, nor committed on both sides."""
     assert len(streamed.seams) >= 20, streamed.seams  # an utterance cut at (almost) every pause
-    errors = _seam_errors(streamed.shot_words, streamed.words, streamed.seams)
+    errors = seam_errors(streamed.shot_words, streamed.words, streamed.seams)
     print(f"{len(streamed.seams)} seams; {errors}")
     assert not errors["dropped"] and not errors["doubled"] and not errors["across"]
 
@@ -442,7 +408,7 @@ def test_no_word_is_dropped_or_doubled_at_a_95_second_clips_window_seams(long95)
     """Issue 5's seam line: aligned with the utterances' one-shot words, no word near a window cut is
     missing or extra, and none is kept by both windows."""
     seams = [w.start_s + w.cut_s for w in long95.windows[:-1]]
-    errors = _seam_errors(long95.shot_words, long95.out["words"], seams)
+    errors = seam_errors(long95.shot_words, long95.out["words"], seams)
     print(f"95 s clip, seams {[round(t, 2) for t in seams]}: {errors}")
     assert not errors["dropped"] and not errors["doubled"] and not errors["across"]
 

@@ -41,3 +41,23 @@ def test_alignment_ops_agree_with_edit_ops_and_cover_both_sides_in_order(ref, hy
     assert [i for _, i, _ in ops if i is not None] == list(range(len(r)))
     assert [j for _, _, j in ops if j is not None] == list(range(len(h)))
     assert all((kind == "=") == (i is not None and j is not None and r[i] == h[j]) for kind, i, j in ops)
+
+
+def _timed(text, start=0.0, step=0.5):
+    return [{"word": w, "start": start + i * step, "end": start + i * step + 0.4} for i, w in enumerate(text.split())]
+
+
+def test_seam_errors_count_only_what_happens_at_seams():
+    from harness.wer import seam_errors
+
+    ref = _timed("a b c d e f g h")  # c at 1.0-1.4, f at 2.5-2.9
+    hyp = [w for w in ref if w["word"] not in ("c", "f")]
+    got = seam_errors(ref, hyp, seams=[1.2])
+    assert got["dropped"] == [("c", 1.0)] and got["counts"] == {"S": 0, "D": 2, "I": 0}  # f is not at a seam
+    doubled = ref[:4] + [{"word": "d", "start": 1.8, "end": 2.0}] + ref[4:]
+    got = seam_errors(ref, doubled, seams=[1.75])
+    assert got["doubled"] and got["across"] == [("d", 1.5)]
+    assert seam_errors(ref, ref, seams=[1.2, 2.7]) == {"dropped": [], "doubled": [], "across": [],
+                                                        "counts": {"S": 0, "D": 0, "I": 0}}
+    repeated = _timed("go go now")  # the reference says it twice: not a doubling
+    assert seam_errors(repeated, repeated, seams=[0.45])["across"] == []

@@ -5,6 +5,12 @@ from __future__ import annotations
 import re
 import unicodedata
 
+# A word whose audio comes this close to a seam (a point where a stream dropped its buffer's audio, or
+# a long-audio window cut) is at that seam. Streams cut utterances in the middle of a pause of at
+# least 0.45 s, so the words of a well-placed cut are further away; a cut placed inside speech, or a
+# word committed again after its audio went, lands within it.
+SEAM_S = 0.3
+
 
 def normalise(text: str) -> list[str]:
     """Whisper's English normaliser when available (numbers, spellings), else a basic one:
@@ -80,3 +86,32 @@ def alignment(ref: list[str], hyp: list[str]) -> list[tuple[str, int | None, int
             ops.append(("I", None, j - 1))
             j -= 1
     return ops[::-1]
+
+
+def word_key(word: str) -> str:
+    """A word compared across transcripts: lower case, letters, digits and apostrophes only."""
+    return re.sub(r"[^a-z0-9']", "", word.lower())
+
+
+def seam_errors(ref: list[dict], hyp: list[dict], seams: list[float], window: float = SEAM_S) -> dict:
+    """Words dropped or doubled at seams. ref (e.g. one-shot words) and hyp (streamed or long-audio
+    words), each [{word, start, end}] on one clock, are aligned word by word; "dropped" are ref
+    words missing from hyp and "doubled" hyp words missing from ref whose audio comes within
+    `window` seconds of a seam; "across" are two equal hyp words on both sides of a seam where ref
+    does not repeat that word there. "counts": the alignment's S / D / I over the whole text."""
+    ref = [w for w in ref if word_key(w["word"])]
+    hyp = [w for w in hyp if word_key(w["word"])]
+
+    def at_seam(w):
+        return any(w["start"] - window <= t <= w["end"] + window for t in seams)
+
+    ops = alignment([word_key(w["word"]) for w in ref], [word_key(w["word"]) for w in hyp])
+    repeats = [a["start"] for a, b in zip(ref, ref[1:]) if word_key(a["word"]) == word_key(b["word"])]
+    return {
+        "dropped": [(ref[i]["word"], round(ref[i]["start"], 2)) for kind, i, _ in ops if kind == "D" and at_seam(ref[i])],
+        "doubled": [(hyp[j]["word"], round(hyp[j]["start"], 2)) for kind, _, j in ops if kind == "I" and at_seam(hyp[j])],
+        "across": [(a["word"], round(a["start"], 2)) for a, b in zip(hyp, hyp[1:])
+                   if word_key(a["word"]) == word_key(b["word"]) and any(a["start"] <= t <= b["end"] for t in seams)
+                   and not any(abs(t - a["start"]) < 1.0 for t in repeats)],
+        "counts": {k: sum(op[0] == k for op in ops) for k in "SDI"},
+    }
