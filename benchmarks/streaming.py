@@ -135,7 +135,7 @@ def stream_accuracy(model, utterances: int, seed: int) -> None:
                   for w in shot["words"]]
     truth = " ".join(u[2] for u in utts)
     _, dropped, added = edit_ops(normalise(one_shot), normalise(streamed))
-    at_seams = seam_errors(shot_words, words, seams)
+    at_seams = seam_errors(shot_words, words, seams, truth=[u[:3] for u in utts])
     s_wer, o_wer = wer([truth], [streamed]), wer([truth], [one_shot])
     print(f"  stream seed {seed}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
           f"at {len(seams)} seams {len(at_seams['dropped'])} dropped + {len(at_seams['doubled']) + len(at_seams['across'])} "

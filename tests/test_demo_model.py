@@ -195,6 +195,7 @@ class Streamed(NamedTuple):
     text: str  # the streamed committed text
     one_shot: str  # one-shot transcripts of each utterance, joined
     truth: str
+    utterances: list  # (start_s, end_s, text) of each utterance
     words: list  # committed words, times from the stream start
     shot_words: list  # the one-shot words, times moved to the stream's clock
     seams: list  # the stream's trim points (seconds): where the buffer dropped audio
@@ -217,7 +218,7 @@ def streamed(demo, request) -> Streamed:
     shot_words = [{**w, "start": w["start"] + u[0], "end": w["end"] + u[0]} for u, shot in zip(utts, shots)
                   for w in shot["words"]]
     return Streamed(" ".join(w["word"] for w in words), " ".join(shot["text"] for shot in shots),
-                    " ".join(u[2] for u in utts), words, shot_words, seams)
+                    " ".join(u[2] for u in utts), [u[:3] for u in utts], words, shot_words, seams)
 
 
 def _reads_something_twice(words: list) -> bool:
@@ -299,7 +300,7 @@ def test_no_word_is_dropped_or_doubled_at_a_trim_seam(streamed):
     """Issue 7's explicit seam check: at the points where the stream dropped its buffer's audio, no
     word is missing or extra against the one-shot transcripts, nor committed on both sides."""
     assert len(streamed.seams) >= 20, streamed.seams  # an utterance cut at (almost) every pause
-    errors = seam_errors(streamed.shot_words, streamed.words, streamed.seams)
+    errors = seam_errors(streamed.shot_words, streamed.words, streamed.seams, truth=streamed.utterances)
     print(f"{len(streamed.seams)} seams; {errors}")
     assert not errors["dropped"] and not errors["doubled"] and not errors["across"]
 
@@ -355,6 +356,7 @@ def test_median_commit_latency_is_at_most_two_seconds_of_audio(demo):
 
 class Long(NamedTuple):
     out: dict  # transcribe(95 s, word_timestamps=True)
+    utterances: list  # (start_s, end_s, text) of each utterance
     windows: list  # longform.WindowCut of each 30 s window
     shot_words: list  # one-shot words of each utterance, on the clip's clock
     one_shot: str
@@ -385,7 +387,7 @@ def long95(demo) -> Long:
     shots = [demo.transcribe(u[3], word_timestamps=True) for u in utts]
     shot_words = [{**w, "start": w["start"] + u[0], "end": w["end"] + u[0]} for u, shot in zip(utts, shots)
                   for w in shot["words"]]
-    return Long(out, windows, shot_words, " ".join(shot["text"] for shot in shots))
+    return Long(out, [u[:3] for u in utts], windows, shot_words, " ".join(shot["text"] for shot in shots))
 
 
 def test_a_95_second_clip_is_the_concatenation_of_its_windows(long95):
@@ -408,7 +410,7 @@ def test_no_word_is_dropped_or_doubled_at_a_95_second_clips_window_seams(long95)
     """Issue 5's seam line: aligned with the utterances' one-shot words, no word near a window cut is
     missing or extra, and none is kept by both windows."""
     seams = [w.start_s + w.cut_s for w in long95.windows[:-1]]
-    errors = seam_errors(long95.shot_words, long95.out["words"], seams)
+    errors = seam_errors(long95.shot_words, long95.out["words"], seams, truth=long95.utterances)
     print(f"95 s clip, seams {[round(t, 2) for t in seams]}: {errors}")
     assert not errors["dropped"] and not errors["doubled"] and not errors["across"]
 

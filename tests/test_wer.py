@@ -61,3 +61,17 @@ def test_seam_errors_count_only_what_happens_at_seams():
                                                         "counts": {"S": 0, "D": 0, "I": 0}}
     repeated = _timed("go go now")  # the reference says it twice: not a doubling
     assert seam_errors(repeated, repeated, seams=[0.45])["across"] == []
+
+
+def test_seam_errors_with_the_truth_leave_out_what_the_reference_misread():
+    from harness.wer import seam_errors
+
+    truth = [(0.0, 1.9, "a b c d"), (2.0, 3.9, "e f g h")]
+    ref = _timed("a b x d e f g h")  # the one-shot misread c as x
+    hyp = [w for w in _timed("a b c d e f g h") if w["word"] != "c"]  # the stream lost c
+    assert seam_errors(ref, hyp, seams=[1.2])["dropped"] == [("x", 1.0)]  # (ref's word, at c's place)
+    assert seam_errors(ref, hyp, seams=[1.2], truth=truth)["dropped"] == []  # x is not said there
+    lost = [w for w in ref if w["word"] != "b"]
+    assert seam_errors(ref, lost, seams=[0.7], truth=truth)["dropped"] == [("b", 0.5)]
+    doubled = ref[:5] + [{"word": "e", "start": 2.2, "end": 2.4}] + ref[5:]
+    assert [w for w, _ in seam_errors(ref, doubled, seams=[2.1], truth=truth)["doubled"]] == ["e"]

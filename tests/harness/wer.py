@@ -93,23 +93,49 @@ def word_key(word: str) -> str:
     return re.sub(r"[^a-z0-9']", "", word.lower())
 
 
-def seam_errors(ref: list[dict], hyp: list[dict], seams: list[float], window: float = SEAM_S) -> dict:
+def seam_errors(ref: list[dict], hyp: list[dict], seams: list[float], window: float = SEAM_S,
+                truth: list[tuple[float, float, str]] | None = None) -> dict:
     """Words dropped or doubled at seams. ref (e.g. one-shot words) and hyp (streamed or long-audio
     words), each [{word, start, end}] on one clock, are aligned word by word; "dropped" are ref
     words missing from hyp and "doubled" hyp words missing from ref whose audio comes within
     `window` seconds of a seam; "across" are two equal hyp words on both sides of a seam where ref
-    does not repeat that word there. "counts": the alignment's S / D / I over the whole text."""
+    does not repeat that word there. "counts": the alignment's S / D / I over the whole text.
+
+    truth, [(start, end, text)] of each utterance, keeps out what ref misread rather than what
+    hyp lost: a word counts as dropped only if the utterance it falls in says it, and as doubled
+    only if hyp says it there more often than the utterance does (where ref read a sentence as
+    another one, its words are "missing" from a correct hyp)."""
     ref = [w for w in ref if word_key(w["word"])]
     hyp = [w for w in hyp if word_key(w["word"])]
 
     def at_seam(w):
         return any(w["start"] - window <= t <= w["end"] + window for t in seams)
 
+    def said(w):  # the truth's words of the utterance nearest to w
+        if truth is None:
+            return None
+        mid = (w["start"] + w["end"]) / 2
+        start, end, text = min(truth, key=lambda u: 0.0 if u[0] <= mid <= u[1] else min(abs(mid - u[0]), abs(mid - u[1])))
+        return [word_key(x) for x in text.split()], (start, end)
+
+    def truly_dropped(w):
+        words = said(w)
+        return words is None or word_key(w["word"]) in words[0]
+
+    def truly_doubled(w):
+        words = said(w)
+        if words is None:
+            return True
+        (start, end), key = words[1], word_key(w["word"])
+        return sum(word_key(h["word"]) == key for h in hyp if start - 0.5 <= h["start"] <= end + 0.5) > words[0].count(key)
+
     ops = alignment([word_key(w["word"]) for w in ref], [word_key(w["word"]) for w in hyp])
     repeats = [a["start"] for a, b in zip(ref, ref[1:]) if word_key(a["word"]) == word_key(b["word"])]
     return {
-        "dropped": [(ref[i]["word"], round(ref[i]["start"], 2)) for kind, i, _ in ops if kind == "D" and at_seam(ref[i])],
-        "doubled": [(hyp[j]["word"], round(hyp[j]["start"], 2)) for kind, _, j in ops if kind == "I" and at_seam(hyp[j])],
+        "dropped": [(ref[i]["word"], round(ref[i]["start"], 2)) for kind, i, _ in ops
+                    if kind == "D" and at_seam(ref[i]) and truly_dropped(ref[i])],
+        "doubled": [(hyp[j]["word"], round(hyp[j]["start"], 2)) for kind, _, j in ops
+                    if kind == "I" and at_seam(hyp[j]) and truly_doubled(hyp[j])],
         "across": [(a["word"], round(a["start"], 2)) for a, b in zip(hyp, hyp[1:])
                    if word_key(a["word"]) == word_key(b["word"]) and any(a["start"] <= t <= b["end"] for t in seams)
                    and not any(abs(t - a["start"]) < 1.0 for t in repeats)],
