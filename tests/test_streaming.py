@@ -321,3 +321,45 @@ def test_a_faint_sound_after_speech_is_silence_not_a_new_utterance():
     # the same faint sound with no louder speech before it is heard
     out, _ = run(np.concatenate([z(0.3), faint, z(1.2)]), 100)
     assert [w["word"] for d in out for w in d["words"]] == ["w0"]
+
+
+class WaveringTail(FakeModel):
+    """Reads the last word of an utterance heard up to its pause as "first" on the first such
+    pass and "second" after: a tail two passes at the pause do not agree on."""
+
+    def __init__(self):
+        super().__init__()
+        self.closed_passes = 0
+
+    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False):
+        result = super().transcribe_words(audio, language, keywords, beams, open_end)
+        if not open_end and result["words"]:
+            self.closed_passes += 1
+            last = {**result["words"][-1], "word": "first" if self.closed_passes == 1 else "second"}
+            result = {**result, "words": result["words"][:-1] + [last]}
+        return result
+
+
+def _stream_wavering(stable: bool, monkeypatch):
+    monkeypatch.setattr(StreamSession, "stable_at_pause", stable)
+    audio = np.concatenate([np.zeros(RATE // 2, np.float32), np.full(int(0.6 * RATE), UNIT, np.float32),
+                            np.zeros(RATE // 5, np.float32), np.full(int(0.5 * RATE), 2 * UNIT, np.float32),
+                            np.zeros(4 * RATE, np.float32)])
+    session = StreamSession(WaveringTail())
+    calls = [session.feed(audio[i:i + RATE // 2]) for i in range(0, len(audio), RATE // 2)]
+    return calls, session
+
+
+def test_silence_finalizes_a_tail_once_two_passes_at_the_pause_read_it(monkeypatch):
+    """Issue 7: silence after speech finalizes the pending tail once it has been stable for two
+    passes. The first pass at the pause reads the tail differently from the pass before it, so it
+    waits; the second pass at the pause decides (here it reads it differently again: it is final
+    after that pass in any case, one step later)."""
+    calls, session = _stream_wavering(True, monkeypatch)
+    words = [w["word"] for d in calls for w in d["words"]]
+    assert words == ["w0", "second"] and session.pending_text == ""
+    first_at = next(i for i, d in enumerate(calls) if "first" in d["pending"].split())
+    final_at = next(i for i, d in enumerate(calls) if any(w["word"] == "second" for w in d["words"]))
+    assert final_at > first_at  # "first" was pending, not committed, after the first pass at the pause
+    immediate, _ = _stream_wavering(False, monkeypatch)  # without the rule: the first reading is final
+    assert [w["word"] for d in immediate for w in d["words"]] == ["w0", "first"]

@@ -54,6 +54,13 @@ class StreamSession:
     (`pending`), `language`, `received` seconds, `pass_ms` (0 when no pass ran) and `revision`.
     """
 
+    # Issue 7: silence after speech finalizes the pending tail once it is stable for two passes. The
+    # pass that finds the pause hears the utterance up to it; a tail it reads differently from the
+    # pass before waits for a second pass at the pause (final after it in any case). On the demo
+    # streams the second pass reads what the first did (it hears the same audio: the added silence is
+    # trimmed), so no committed word changed; the tail's commit comes one step later there.
+    stable_at_pause = True
+
     def __init__(self, model: "Whistle", language: str | None = None, keywords=None, step_s: float = 1.0,
                  beams: int | None = None, on_pass: Callable[[dict], None] | None = None,
                  on_trim: Callable[[float], None] | None = None):
@@ -77,6 +84,7 @@ class StreamSession:
         self._next_pass = self.step  # sample count at which the next pass runs
         self._pending: list[Word] = []
         self._speech_level = 0.0  # frame RMS (90th percentile) of the last pass that heard speech
+        self._pause_at: int | None = None  # an utterance end (sample) waiting for a second reading
         self.passes = 0
         self.pass_seconds_total = 0.0
 
@@ -102,6 +110,10 @@ class StreamSession:
         """Commit the pending tail now (end of an utterance) and keep streaming."""
         self._check_open()
         out = self._empty()
+        if self._pause_at is not None:  # an utterance end waiting for a second reading: final now
+            self._commit(self.policy.commit_through(self._pause_at / self.rate), out)
+            self._cut_utterance(self._pause_at)
+            self._pause_at = None
         if self._received > self._last_pass_end():
             start = -1
             # A pass that ends an utterance at a pause hears only the audio before it; the rest of
@@ -160,6 +172,14 @@ class StreamSession:
         # a one-shot transcription would hear it; what follows the pause waits for the next pass,
         # whose buffer starts there.
         gap = last_pause(audio, self.rate, len(audio) - self.step, leading=False)
+        if self._pause_at is not None and self._pause_at <= self._buffer_start:
+            self._pause_at = None  # its audio is gone (a forced trim): nothing left to read again
+        waiting = self._pause_at is not None
+        if waiting:
+            # The previous pass found the utterance's end but its reading was not yet confirmed:
+            # this pass reads it again, up to the middle of the same pause as it stands now.
+            since = max(0, self._pause_at - self._buffer_start - 1)
+            gap = last_pause(audio, self.rate, since, leading=False) or (self._pause_at - self._buffer_start)
         heard = audio if gap is None else audio[:gap]
         first, last = sound_span(heard, self.rate)
         offset = (self._buffer_start + first) / self.rate
@@ -190,11 +210,19 @@ class StreamSession:
             # next utterance, and the model was trained on clips with 0.1-0.8 s of it. With all but
             # 0.24 s of the buffer cut, "My appointment is on Sunday..." became "I was born on...".
             gap = max(0, len(audio) - self.step)
-        if gap is not None:
+        if gap is not None and self.stable_at_pause and not waiting and self._pending and result["speech"]:
+            # An utterance ended at the pause, but this pass read its tail differently from the
+            # pass before: it is final once a second pass at the pause reads it the same (or
+            # after that pass in any case).
+            self._pause_at = self._buffer_start + gap
+        elif gap is not None:
             # An utterance ended at the pause: its words are final, and the buffer restarts there.
             boundary = (self._buffer_start + gap) / self.rate
             self._commit(self.policy.commit_through(boundary), out)
             self._cut_utterance(self._buffer_start + gap)
+            self._pause_at = None
+        else:
+            self._pause_at = None
         self._bound_buffer(end, out)
         elapsed = time.perf_counter() - t0
         self.pass_seconds_total += elapsed
