@@ -274,3 +274,17 @@ def test_a_second_reading_of_a_partly_committed_sentence_is_dropped():
     assert texts(result.new) == ["sixteenth"] and texts(result.pending) == ["floor.", "Call", "Tom."]
     result = policy.update(hyp(again))
     assert texts(result.committed) == first.split() + ["sixteenth", "floor.", "Call", "Tom."]
+
+
+def test_an_agreed_word_below_the_commit_probability_waits():
+    policy = CommitPolicy()
+    policy.update(hyp("remind me to take out"), hold_after_s=10.0)
+    unsure = [w if w.word != "take" else Word(w.word, w.start, w.end, 0.4) for w in hyp("remind me to take out it")]
+    result = policy.update(unsure, hold_after_s=10.0)
+    assert texts(result.new) == ["remind", "me", "to"] and texts(result.pending) == ["take", "out", "it"]
+    result = policy.update(hyp("remind me to take out it"), hold_after_s=10.0)  # now sure: committed
+    assert texts(result.new) == ["take", "out", "it"]
+    # at a pause (no hold) the pass's reading is final whatever its probabilities
+    policy = CommitPolicy()
+    policy.update(unsure)
+    assert texts(policy.update(unsure).new) == texts(unsure)

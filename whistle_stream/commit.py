@@ -29,6 +29,7 @@ DOUBLED_MIN_WORDS = 3  # a hypothesis ending in a unit of at least this many wor
 # reading is kept. A pass that re-reads the utterance's committed words is recognised by the same
 # number of equal first words, then aligned with them word by word (substitutions allowed).
 RESTART_MIN_WORDS = 3
+MIN_COMMIT_PROBABILITY = 0.6  # see CommitPolicy.min_probability
 _SENTENCE_END = (".", "?", "!")
 
 
@@ -122,6 +123,13 @@ class CommitPolicy:
     is re-reading committed audio with shifted times; those words are not committed twice.
     """
 
+    # A word two passes agree on is committed before the utterance ends only if the current pass gives
+    # it at least this probability: a small model guessing the rest of a sentence from its first
+    # words can guess the same word twice ("Remind me to take out the trash next ..." for "... at three
+    # fifteen", "next" at 0.93 then 0.49). Run 10 demo model, five 40-sentence streams: mean streamed
+    # WER 8.27 -> 8.03 %, latency unchanged; the shipped run 8: no word changed.
+    min_probability = MIN_COMMIT_PROBABILITY
+
     def __init__(self, *, repeat_words: int = REPEAT_WORDS, repeat_window_s: float = REPEAT_WINDOW_S,
                  loop_max_unit: int = LOOP_MAX_UNIT, loop_repeats: int = LOOP_REPEATS):
         self._committed: list[Word] = []
@@ -152,7 +160,8 @@ class CommitPolicy:
         agree = 0
         while agree < min(len(tail), len(before)) and \
                 normalise(tail[agree].word) == normalise(before[agree].word) and \
-                (hold_after_s is None or tail[agree].end <= hold_after_s + _EPS):
+                (hold_after_s is None or tail[agree].end <= hold_after_s + _EPS) and \
+                (hold_after_s is None or tail[agree].probability >= self.min_probability):
             agree += 1
         new = self._commit(tail[:agree])
         self._pending = tail[agree:]
