@@ -363,3 +363,17 @@ def test_silence_finalizes_a_tail_once_two_passes_at_the_pause_read_it(monkeypat
     assert final_at > first_at  # "first" was pending, not committed, after the first pass at the pause
     immediate, _ = _stream_wavering(False, monkeypatch)  # without the rule: the first reading is final
     assert [w["word"] for d in immediate for w in d["words"]] == ["w0", "first"]
+
+
+def test_the_stream_generator_yields_a_dict_per_chunk_then_the_final_one():
+    """Whistle.stream(chunks) (like needle.Whistle.stream): the same dicts as feed() per chunk, then finish()."""
+    from whistle_stream.streaming import stream
+
+    audio, _ = scripted_audio(8, seed=12)
+    chunks = [audio[i:i + RATE // 2] for i in range(0, len(audio), RATE // 2)]
+    got = list(stream(FakeModel(), iter(chunks)))
+    want, _ = run(audio, 500)
+    assert len(got) == len(chunks) + 1
+    strip = [{k: v for k, v in d.items() if k != "pass_ms"} for d in got]
+    assert strip == [{k: v for k, v in d.items() if k != "pass_ms"} for d in want]
+    assert got[-1]["pending"] == "" and any(d["words"] for d in got)
