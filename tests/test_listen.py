@@ -68,7 +68,7 @@ def test_file_json_streams_a_wav_and_prints_every_server_message(server, tmp_pat
 
 
 def test_file_captions_print_the_transcript_and_a_summary(server, tmp_path, capsys):
-    audio = write_wav(tmp_path / "clip.wav", 2.5, rate=44100)
+    write_wav(tmp_path / "clip.wav", 2.5, rate=44100)
     assert listen.main(["--server", server, "--file", str(tmp_path / "clip.wav"), "--speed", "20",
                         "--no-vad"]) == 0
     out, err = capsys.readouterr()
