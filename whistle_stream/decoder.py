@@ -375,6 +375,10 @@ class Decoder:
     def cross_attention_weights(self, enc: np.ndarray, tokens, layers=None) -> np.ndarray:
         """Teacher-forced cross-attention weights (len(layers) * heads, len(tokens), frames) of the
         given kept layers (file indices; default `alignment_layers`), layer-major then head."""
+        return self.logits_and_weights(enc, tokens, layers)[1]
+
+    def logits_and_weights(self, enc: np.ndarray, tokens, layers=None) -> tuple[np.ndarray, np.ndarray]:
+        """`logits` and `cross_attention_weights` of the same teacher-forced pass, run once."""
         layers = self.alignment_layers if layers is None else tuple(int(i) for i in layers)
         missing = [i for i in layers if i not in self.kept]
         if missing:
@@ -383,10 +387,11 @@ class Decoder:
         tokens = np.asarray(tokens).reshape(-1)
         tokens = self._check_tokens(tokens, state, tokens.shape[0])
         collected: dict[int, np.ndarray] = {}
-        self._forward(state, tokens[None, :], collect=(set(layers), collected))
+        logits = self._forward(state, tokens[None, :], collect=(set(layers), collected))[0]
         d = self.dims
         out = [collected[i].reshape(len(tokens), d.heads, state.frames).transpose(1, 0, 2) for i in layers]
-        return np.concatenate(out, axis=0) if out else np.zeros((0, len(tokens), state.frames), np.float32)
+        weights = np.concatenate(out, axis=0) if out else np.zeros((0, len(tokens), state.frames), np.float32)
+        return logits, weights
 
     # ---------------------------------------------------------------- checks
 

@@ -21,7 +21,7 @@ from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long
 from .models import resolve_model
-from .search import beam_search
+from .search import _text_logprobs, beam_search
 
 WINDOW_S = 30.0  # guide §8: up to 30 s is one pass; longer audio runs as 30 s windows
 
@@ -127,7 +127,7 @@ class Whistle:
         state = self.decoder.start(enc, beams=beams)
         first = self.decoder.feed(state, [d.bos])[0, -1]
         if language is None:
-            language = d.languages[int(np.argmax(first[d.first_tag:d.first_tag + len(d.languages)]))]
+            language = self._detect_language(first)
         tag = d.language_id(language)
         logits = self.decoder.feed(state, [tag])[0, -1]
         ttft = time.perf_counter() - t0
@@ -138,11 +138,20 @@ class Whistle:
                "language": language, "ttft": ttft, "decode_s": decode_s, "words": []}
         if words and result.tokens:
             probs = np.exp(np.asarray(result.token_logprobs, np.float64))
-            out["words"] = self._word_times(pcm, enc, tag, result.tokens, probs, open_end)
+            weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + list(result.tokens))
+            out["words"] = self._word_times(pcm, len(enc), weights, result.tokens, probs, open_end)
         return out
 
-    def _word_times(self, pcm: np.ndarray, enc: np.ndarray, tag: int, tokens, probs, open_end: bool) -> list[dict]:
-        """§8 word times of `tokens` (the transcript after the prompt) over one window's audio."""
+    def _detect_language(self, first_logits: np.ndarray) -> str:
+        """§6: the language whose tag is likeliest after <s> (first_logits: the row after <s>)."""
+        d = self.dims
+        return d.languages[int(np.argmax(first_logits[d.first_tag:d.first_tag + len(d.languages)]))]
+
+    def _word_times(self, pcm: np.ndarray, frames: int, weights: np.ndarray, tokens, probs,
+                    open_end: bool) -> list[dict]:
+        """§8 word times of `tokens` (the transcript after the prompt) over one window's audio of
+        `frames` encoder frames; weights: the teacher-forced pass's cross-attention weights over
+        [<s>, tag, *tokens]."""
         d = self.dims
         # Row p of the weights is the query that predicts token p + 1: rows 1 .. n predict the
         # transcript's tokens; row 0 (predicting the tag) and row n + 1 (predicting </s>) join
@@ -150,13 +159,12 @@ class Whistle:
         # that stops mid-speech has no silence after the words, so there the </s> row is left
         # out and the last word keeps the end (the row's job is silence, which such audio does not
         # end with; on the seven demo streams it changed no committed word when it was added).
-        weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + list(tokens))
         trail = 0 if open_end else 1
         if open_end:
             weights = weights[:, :-1]
         duration = len(pcm) / d.rate  # the last encoder frame may reach past the audio
         timed = word_times(weights, list(tokens), probs, self.tokenizer, d.frame_seconds, 0.0, lead=1, trail=trail)
-        sounding = sounding_frames(pcm, int(round(d.frame_seconds * d.rate)), len(enc))
+        sounding = sounding_frames(pcm, int(round(d.frame_seconds * d.rate)), frames)
         return [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
                 for w in trim_to_sound(timed, sounding, d.frame_seconds)]
 
@@ -180,15 +188,12 @@ class Whistle:
         if not tokens or len(enc) == 0:
             return []
         if language is None:
-            first = self.decoder.logits(enc, [d.bos])[0]
-            language = d.languages[int(np.argmax(first[d.first_tag:d.first_tag + len(d.languages)]))]
+            language = self._detect_language(self.decoder.logits(enc, [d.bos])[0])
         tag = d.language_id(language)
-        logits = self.decoder.logits(enc, [d.bos, tag] + tokens)[1:-1]  # row i predicts tokens[i]
-        text_logits = logits[:, :d.text_vocab].astype(np.float64)
-        top = text_logits.max(axis=1, keepdims=True)
-        logp = text_logits - top - np.log(np.exp(text_logits - top).sum(axis=1, keepdims=True))
-        probs = np.exp(logp[np.arange(len(tokens)), tokens])
-        return self._word_times(pcm, enc, tag, tokens, probs, open_end=False)
+        logits, weights = self.decoder.logits_and_weights(enc, [d.bos, tag] + tokens)
+        text, top, log_mass = _text_logprobs(logits[1:-1], d.text_vocab)  # row i predicts tokens[i]
+        probs = np.exp((text[np.arange(len(tokens)), tokens].astype(np.float64) - top) - log_mass)
+        return self._word_times(pcm, len(enc), weights, tokens, probs, open_end=False)
 
     def decode(self, audio, language: str | None = None, keywords=None, beams: int = 5) -> dict:
         """One window (<= 30 s) without the silence gate: {"tokens", "text", "language"}.
