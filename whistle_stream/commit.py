@@ -205,14 +205,15 @@ class CommitPolicy:
             tail = self._beyond_horizon(words, bool(current))
             if said and [normalise(w.word) for w in tail[:len(said)]] == said:
                 tail = tail[len(said):]  # the utterance re-read from its start, re-timed past the horizon
-        said_raw = [w.word for w in current]
-        while (restart := restarted_sentence(said_raw + [w.word for w in tail])) is not None \
-                and restart[0] < len(current) <= restart[1]:
+        while True:
+            reading = [w.word for w in current] + [w.word for w in tail]
+            restart = restarted_sentence(reading)
+            if restart is None or not restart[0] < len(current) <= restart[1]:
+                break
             # The earlier reading is (partly) committed: the later one goes, through its sentence end.
-            words_now = said_raw + [w.word for w in tail]
             b = restart[1]
-            end = next((i + 1 for i in range(b, len(words_now)) if words_now[i].rstrip().endswith(_SENTENCE_END)),
-                       len(words_now))
+            end = next((i + 1 for i in range(b, len(reading)) if reading[i].rstrip().endswith(_SENTENCE_END)),
+                       len(reading))
             tail = tail[:b - len(current)] + tail[end - len(current):]
         while (restart := restarted_sentence([w.word for w in tail])) is not None:
             a, b = restart

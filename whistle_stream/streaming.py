@@ -178,8 +178,9 @@ class StreamSession:
         if waiting:
             # The previous pass found the utterance's end but its reading was not yet confirmed:
             # this pass reads it again, up to the middle of the same pause as it stands now.
-            since = max(0, self._pause_at - self._buffer_start - 1)
-            gap = last_pause(audio, self.rate, since, leading=False) or (self._pause_at - self._buffer_start)
+            stored = self._pause_at - self._buffer_start
+            gap = last_pause(audio, self.rate, max(0, stored - 1), leading=False)
+            gap = stored if gap is None else gap
         heard = audio if gap is None else audio[:gap]
         first, last = sound_span(heard, self.rate)
         offset = (self._buffer_start + first) / self.rate
