@@ -41,6 +41,15 @@ def build_stream(n: int, seed: int = 0, pause=(0.6, 1.6)):
     return np.concatenate(parts), utts
 
 
+def one_shot(model, utts) -> tuple[str, list[dict]]:
+    """Each utterance of build_stream transcribed alone: the texts joined, and the words with times
+    moved to the stream's clock."""
+    shots = [model.transcribe(u[3], word_timestamps=True) for u in utts]
+    words = [{**w, "start": w["start"] + u[0], "end": w["end"] + u[0]} for u, shot in zip(utts, shots)
+             for w in shot["words"]]
+    return " ".join(shot["text"] for shot in shots), words
+
+
 def run_stream(model, audio: np.ndarray, chunk_s: float = 1.0, rss_every: int = 0):
     """Feed audio in chunks; returns committed words, per-word commit latency, pass times, RSS samples."""
     session = model.open_stream()
@@ -129,17 +138,14 @@ def stream_accuracy(model, utterances: int, seed: int) -> None:
         words += session.feed(audio[i:i + RATE])["words"]
     words += session.finish()["words"]
     streamed = " ".join(w["word"] for w in words)
-    shots = [model.transcribe(u[3], word_timestamps=True) for u in utts]
-    one_shot = " ".join(shot["text"] for shot in shots)
-    shot_words = [{**w, "start": w["start"] + u[0], "end": w["end"] + u[0]} for u, shot in zip(utts, shots)
-                  for w in shot["words"]]
+    shot_text, shot_words = one_shot(model, utts)
     truth = " ".join(u[2] for u in utts)
-    _, dropped, added = edit_ops(normalise(one_shot), normalise(streamed))
+    _, dropped, added = edit_ops(normalise(shot_text), normalise(streamed))
     at_seams = seam_errors(shot_words, words, seams, truth=[u[:3] for u in utts])
-    s_wer, o_wer = wer([truth], [streamed]), wer([truth], [one_shot])
+    s_wer, o_wer = wer([truth], [streamed]), wer([truth], [shot_text])
     print(f"  stream seed {seed}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
           f"at {len(seams)} seams {len(at_seams['dropped'])} dropped + {len(at_seams['doubled']) + len(at_seams['across'])} "
-          f"doubled; anywhere vs one-shot: {dropped} dropped + {added} added of {len(normalise(one_shot))} words")
+          f"doubled; anywhere vs one-shot: {dropped} dropped + {added} added of {len(normalise(shot_text))} words")
 
 
 def full_pass_breakdown() -> None:
