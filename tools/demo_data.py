@@ -292,14 +292,18 @@ def _reserved(seed: int) -> set[str]:
     return set(test_sentences(TEST_POOL, seed))
 
 
+def _fresh_sentence(source: np.random.Generator, reserved: set[str]) -> str:
+    """The next sentence of `source` that is not reserved for testing."""
+    while True:
+        text = sentence(source)
+        if text not in reserved:
+            return text
+
+
 def train_sentences(n: int, seed: int = 0) -> list[str]:
     """n training sentences (repeats allowed, as people repeat commands), none from the test pool."""
-    rng, reserved, out = _rng(seed, "train-sentences"), _reserved(seed), []
-    while len(out) < n:
-        text = sentence(rng)
-        if text not in reserved:
-            out.append(text)
-    return out
+    rng, reserved = _rng(seed, "train-sentences"), _reserved(seed)
+    return [_fresh_sentence(rng, reserved) for _ in range(n)]
 
 
 def _items(texts, voices, seed, label):
@@ -511,10 +515,7 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
     source = _rng(seed, "mixed-sentences")
 
     def fresh() -> str:
-        while True:
-            text = sentence(source)
-            if text not in reserved:
-                return text
+        return _fresh_sentence(source, reserved)
 
     espeak = [v for v in TRAIN_VOICES if v.startswith("espeak-ng/")]
     multi = prefix + (1.0 - prefix) * (0.55 / 0.70)  # multi : long stays 55 : 15
@@ -548,14 +549,8 @@ def spliced_items(n: int, seed: int = 0) -> list[dict]:
     says it, and as the word-timestamp tests build their clips."""
     rng, reserved = _rng(seed, "spliced"), _reserved(seed)
     source = _rng(seed, "spliced-sentences")
-    items = []
-    for i in range(n):
-        text = sentence(source)
-        while text in reserved:
-            text = sentence(source)
-        items.append({"kind": "spliced", "source": text, "voice": _pick(rng, TRAIN_VOICES),
-                      "seed": int(_rng(seed, "spliced", i).integers(2 ** 31))})
-    return items
+    return [{"kind": "spliced", "source": _fresh_sentence(source, reserved), "voice": _pick(rng, TRAIN_VOICES),
+             "seed": int(_rng(seed, "spliced", i).integers(2 ** 31))} for i in range(n)]
 
 
 def speech_span(audio: np.ndarray, floor_db: float = 40.0) -> tuple[int, int]:
