@@ -14,15 +14,20 @@ with the shipped reference to ~5e-4 until such a flip (tiny, odd: positions 0-10
 the memory by 1e-6 (relative) makes the engine flip at the same position by the same amounts, so
 the bounds are stated relative to the reference's logit standard deviation (5-8 on these models).
 Measured (shipped): max |delta| / std 0.02 tiny, 0.11 odd, 0.11 full (0.10-0.60 logit units);
-mean 0.003-0.017. Top-1 is identical at every position of every case (engine kernels of
-2026-11-29; an earlier build saw two mismatches at margins of 0.01-0.09 logit units, inside that
-int8 noise, so a kernel change that moves summation order can fail this on a near tie).
+mean 0.003-0.017. Top-1 is identical at every position except at near ties, and a near tie must
+be shown to be one (`_assert_top1_or_float_tie`): the engine reaches the reference's pick itself
+under a 1e-6 perturbation. Any change of summation order moves which near ties flip (the
+full-shape case at seed 0 has one since the 5-row SIMD kernels, at a margin of 0.11 logit units).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +35,7 @@ import pytest
 from whistle_stream import kernels as K
 from whistle_stream.container import CactFile
 from whistle_stream.blocks import fake_quant_int8
-from whistle_stream.decoder import Decoder, _memory_codes, ladder_layers, ladder_order, sinusoids
+from whistle_stream.decoder import MEMORY_FRAME_BLOCK, Decoder, _memory_codes, ladder_layers, ladder_order, sinusoids
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
 from whistle_stream.decoder_kernels import (
     _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
@@ -138,10 +143,13 @@ def test_memory_attention_and_its_weights():
     v = rng.standard_normal((F, H, dv)).astype(np.float32)
     v[4, 1] = 0.0  # an all-zero vector quantises with scale 1
     kq, vq = fake_quant_int8(k), fake_quant_int8(v)
-    (kc, ks), (vc, vs) = _memory_codes(k, frames_last=False), _memory_codes(v)
-    assert kc.dtype == np.int8 and kc.shape == (H, F, dq) and ks.shape == (H, F)
-    np.testing.assert_array_equal(kc.astype(np.float32) * ks[:, :, None], kq.transpose(1, 0, 2))
-    np.testing.assert_array_equal(vc.astype(np.float32) * vs[:, None, :], vq.transpose(1, 2, 0))
+    (kc, ks), (vc, vs) = _memory_codes(k), _memory_codes(v)
+    padded = MEMORY_FRAME_BLOCK  # frames last, zero past F
+    assert kc.dtype == vc.dtype == np.int8 and kc.shape == (H, dq, padded) and vc.shape == (H, dv, padded)
+    assert ks.shape == vs.shape == (H, padded)
+    assert not kc[:, :, F:].any() and not vc[:, :, F:].any() and not ks[:, F:].any() and not vs[:, F:].any()
+    np.testing.assert_array_equal(kc[:, :, :F].astype(np.float32) * ks[:, None, :F], kq.transpose(1, 2, 0))
+    np.testing.assert_array_equal(vc[:, :, :F].astype(np.float32) * vs[:, None, :F], vq.transpose(1, 2, 0))
     weights = np.empty((R, H, F), np.float32)
     out = np.empty((R, H, dv), np.float32)
     _attend_memory(q, kc, ks, vc, vs, np.float32(1.0), np.float32(0.5), weights, out)
@@ -150,9 +158,10 @@ def test_memory_attention_and_its_weights():
     np.testing.assert_allclose(weights, w.transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
 
 
-def test_rotated_products_equal_the_dequantised_product():
+@pytest.mark.parametrize("group", [16, 8])  # 8: not a multiple of AVX-512's 16 lanes, the plain loop
+def test_rotated_products_equal_the_dequantised_product(group):
     rng = np.random.default_rng(4)
-    group, n_out, k_pad, rows = 16, 7, 48, 10  # two blocks of five rows (callers pad to fives)
+    n_out, k_pad, rows = 7, 48, 10  # two blocks of five rows (callers pad to fives)
     codebook = np.sort(rng.standard_normal(4)).astype(np.float32)
     codes = rng.integers(0, 4, (n_out, k_pad)).astype(np.uint8)
     norms = rng.uniform(0.5, 2, (n_out, k_pad // group)).astype(np.float32)
@@ -176,6 +185,52 @@ def test_rotated_products_equal_the_dequantised_product():
     got = np.empty((3, k_pad), np.float32)
     _gather_levels(codes, norms, codebook, picked, group, got)
     np.testing.assert_array_equal(got, codebook[codes[picked]] * np.repeat(norms[picked], group, axis=1))
+
+
+SIMD_CHECK = """
+import numpy as np
+from whistle_stream import simd
+from whistle_stream.decoder_kernels import _codes2_rows, _levels_rows
+assert simd.PATH == "{path}", simd.PATH
+rng = np.random.default_rng(5)
+n_out, k_pad, group = 9, 256, 128
+x = rng.standard_normal((5, k_pad)).astype(np.float32)
+codebook = np.sort(rng.standard_normal(4)).astype(np.float32)
+codes = rng.integers(0, 4, (n_out, k_pad)).astype(np.uint8)
+levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
+norms = rng.uniform(0.5, 2, (n_out, k_pad // group)).astype(np.float32)
+xg = x.reshape(5, -1, group).astype(np.float64)
+out = np.empty((5, n_out), np.float32)
+for kernel, stored, weights, atol in ((_codes2_rows, (codes, norms, codebook), codebook[codes], 1e-5),
+                                      (_levels_rows, (levels, norms), levels, 1e-2)):
+    kernel(x, *stored, group, out)
+    want = np.einsum("rgk,ngk,ng->rn", xg, weights.reshape(n_out, -1, group).astype(np.float64), norms)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=atol)
+print("ok", simd.LANES)
+"""
+
+
+@pytest.mark.parametrize("path", ["avx512", "avx2", "generic"])
+def test_every_simd_path_computes_the_same_products(path, tmp_path):
+    """The 5-row products' three code paths (simd.PATH), each forced in a fresh process with its
+    own JIT cache, against float64 NumPy; a path the CPU cannot run is skipped."""
+    import llvmlite.binding as llvm_binding
+
+    needs = {"avx512": "avx512f", "avx2": "avx2"}.get(path)
+    if needs and not llvm_binding.get_host_cpu_features().get(needs):
+        pytest.skip(f"this CPU has no {needs}")
+    env = dict(os.environ, WHISTLE_SIMD=path, NUMBA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", SIMD_CHECK.format(path=path)], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ok", "16" if path == "avx512" else "8"]
+
+
+def test_an_unknown_simd_path_is_refused(tmp_path):
+    env = dict(os.environ, WHISTLE_SIMD="neon", NUMBA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", "import whistle_stream.simd"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "WHISTLE_SIMD must be one of avx512, avx2, generic, got 'neon'" in done.stderr
 
 
 def walsh_hadamard(n):
@@ -341,6 +396,29 @@ def _parity_case(model, frames=23, length=18, seed=0):
     return cact, enc, text
 
 
+TIE_DRAWS = 8  # perturbed runs that may show a mismatch to be a float-order tie
+TIE_NOISE = 1e-6  # relative perturbation of the encoder output: float32 rounding, not a signal
+
+
+def _assert_top1_or_float_tie(dec, enc, row, got, want):
+    """Top-1 identical at every position, or, where it is not, a tie within float noise: the engine
+    itself picks the reference's top-1 there when its encoder output is perturbed by TIE_NOISE
+    (relative) in one of TIE_DRAWS seeded draws. Over 8 random cases of the full shape the
+    committed kernels of 2026-11-30 mismatched 8 of 320 positions (ref margins 0.003-0.19 logit
+    units) and the 5-row SIMD kernels 12 (0.003-0.32): int8 rounding flips moving with summation
+    order, not a different computation."""
+    bad = np.nonzero(got.argmax(-1) != want.argmax(-1))[0]
+    if not len(bad):
+        return
+    rng = np.random.default_rng(17)
+    picks = np.array([dec.logits((enc * (1 + TIE_NOISE * rng.standard_normal(enc.shape))).astype(np.float32), row)
+                      .argmax(-1) for _ in range(TIE_DRAWS)])
+    for p in bad:
+        assert (picks[:, p] == want[p].argmax()).any(), (
+            f"position {p}: engine top-1 {got[p].argmax()}, reference {want[p].argmax()} (margin "
+            f"{want[p].max() - want[p][got[p].argmax()]:.3f}), not reached under float noise: {sorted(set(picks[:, p]))}")
+
+
 def _check_parity(reference, model, depth=None, ref_model=None, master=True):
     cact, enc, text = _parity_case(model)
     d = cact.dims
@@ -354,10 +432,10 @@ def _check_parity(reference, model, depth=None, ref_model=None, master=True):
     mine = [dec.logits(enc, r) for r in rows]
     shipped = _reference_logits(reference, _shipped(reference, ref_model), enc, rows)
     assert detected == d.first_tag + int(np.argmax(shipped[0][0, d.first_tag:]))
-    for got, want in zip(mine, shipped):
+    for row, got, want in zip(rows, mine, shipped):
         delta, spread = np.abs(got - want), want.std(-1).mean()
         assert delta.max() <= MAX_REL * spread and delta.mean() <= MEAN_REL * spread
-        np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))  # top-1 at every position
+        _assert_top1_or_float_tie(dec, enc, row, got, want)
     if master:
         for got, want in zip(mine, _reference_logits(reference, ref_model, enc, rows)):
             assert np.abs(got - want).mean() <= MASTER_MEAN_REL * want.std(-1).mean()

@@ -16,6 +16,7 @@ from .kernels import (
     GEMM_FASTMATH, JIT_OPTIONS, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale, _lane_combine,
     _lane_mix, _rms_unit_rows, _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
 )
+from .simd import LANES, _dot5, _tile5
 
 
 def _jit(fastmath=False):
@@ -163,43 +164,33 @@ def _attend_memory(q, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, 
 
     The memory is int8 as the reference fake-quantises it (per head and frame): K = k_codes *
     k_scale, V = v_codes * v_scale, a quarter of the bytes of float32 (the step reads all of it).
-    q (R, H, dq) fake-quantised; k_codes (H, F, dq) int8 (a key vector per frame) and v_codes
-    (H, dv, F) int8 (frames last); k_scale, v_scale (H, F); weights (R, H, F) receives the softmax
-    weights (word timestamps read them); out (R, H, dv). Both products take the rows five at a
-    time, so each key and value row is read once per five dot products.
+    q (R, H, dq) fake-quantised; k_codes (H, dq, Fp), v_codes (H, dv, Fp) int8, frames last;
+    k_scale, v_scale (H, Fp); Fp >= F is a multiple of simd.LANES and frames past F are zero
+    (`decoder._memory_codes`); weights (R, H, F) receives the softmax weights (word timestamps read
+    them); out (R, H, dv). Rows go five at a time: the scores of a tile of frames for five rows
+    in registers (`simd._tile5`), then each value row read once for five weighted sums.
     """
     n_rows, heads, dq = q.shape
-    frames = k_codes.shape[1]
+    frames = weights.shape[2]
+    padded = v_codes.shape[2]
     dv = v_codes.shape[1]
     shifted = np.empty(frames, np.float32)
     bits = np.empty(frames, np.int32)
-    scaled = np.empty((5, frames), np.float32)
-    qs = np.empty((5, dq), np.float32)
+    scaled = np.zeros((5, padded), np.float32)  # frames past F score 0 (zero codes) and weigh 0
+    coef = np.empty((5, dq), np.float32)
     for h in range(heads):
         ks = k_scale[h]
         for r0 in range(0, n_rows, 5):
             block = min(5, n_rows - r0)
             for i in range(5):  # rows past the block end read as zeros
                 for d in range(dq):
-                    qs[i, d] = q[r0 + i, h, d] * q_scale if i < block else np.float32(0.0)
-            q0, q1, q2, q3, q4 = qs[0], qs[1], qs[2], qs[3], qs[4]
-            for f in range(frames):  # each key row read once for five dot products
-                kf = k_codes[h, f]
-                a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
-                for d in range(dq):
-                    kv = np.float32(kf[d])
-                    a0 += q0[d] * kv
-                    a1 += q1[d] * kv
-                    a2 += q2[d] * kv
-                    a3 += q3[d] * kv
-                    a4 += q4[d] * kv
-                scale = ks[f] * logit_scale
-                scaled[0, f], scaled[1, f], scaled[2, f] = a0 * scale, a1 * scale, a2 * scale
-                scaled[3, f], scaled[4, f] = a3 * scale, a4 * scale
+                    coef[i, d] = q[r0 + i, h, d] * q_scale if i < block else np.float32(0.0)
+            for c0 in range(0, padded, LANES):
+                _tile5(k_codes[h], c0, coef, scaled)
             for i in range(block):
                 w = weights[r0 + i, h]
                 for f in range(frames):
-                    w[f] = scaled[i, f]
+                    w[f] = scaled[i, f] * (ks[f] * logit_scale)
     for r in range(n_rows):
         for h in range(heads):
             w = weights[r, h]
@@ -232,7 +223,7 @@ def _attend_memory(q, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, 
             for d in range(dv):
                 vd = v_codes[h, d]
                 a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
-                for f in range(frames):
+                for f in range(padded):
                     v = np.float32(vd[f])
                     a0 += w0[f] * v
                     a1 += w1[f] * v
@@ -273,12 +264,19 @@ def _levels_rows(xr, levels, gscale, group, out):
     out[r, n] = sum_g gscale[n, g] * (levels[n, g] . xr[r, g]); xr (R, K_pad) rotated activations,
     levels (N, K_pad) int16, gscale (N, K_pad // group) float32. Rows go five at a time (R must be
     a multiple of five: _LevelsLinear.rotated pads them): each level is widened to float32 in a
-    register and used for five multiply-adds (no scratch pass).
+    register and used for five multiply-adds (`simd._dot5`; a plain loop when group is not a
+    multiple of its lanes).
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
     if rows % 5:
         raise ValueError("rows must be a multiple of five (pad with zero rows)")
+    if group % LANES == 0:
+        for r in range(0, rows, 5):
+            for n in range(levels.shape[0]):
+                out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
+                    levels[n], xr, r, gscale[n], gscale[n], group)
+        return
     for r in range(0, rows, 5):
         for n in range(levels.shape[0]):
             ln = levels[n]
@@ -312,13 +310,20 @@ def _codes2_rows(xr, codes, norms, levels, group, out):
     out[r, n] = sum_g norms[n, g] * (levels[codes[n, g]] . xr[r, g]); xr (R, K_pad) rotated
     activations, codes (N, K_pad) uint8 in 0..3, norms (N, K_pad // group) float32, levels (4,) the
     unit codebook. Rows go five at a time (R must be a multiple of five: _LevelsLinear.rotated pads
-    them): each code becomes its exact float32 level in a register (a vectorised select chain, one
-    byte read per weight) used for five multiply-adds.
+    them): each code becomes its exact float32 level in a register (one byte read per weight) used
+    for five multiply-adds: `simd._dot5`'s table lookup, or a select chain in a plain loop when
+    group is not a multiple of its lanes.
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
     if rows % 5:
         raise ValueError("rows must be a multiple of five (pad with zero rows)")
+    if group % LANES == 0:
+        for r in range(0, rows, 5):
+            for n in range(codes.shape[0]):
+                out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
+                    codes[n], xr, r, norms[n], levels, group)
+        return
     l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
     for r in range(0, rows, 5):
         for n in range(codes.shape[0]):
