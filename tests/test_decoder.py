@@ -39,7 +39,7 @@ from whistle_stream.decoder import MEMORY_FRAME_BLOCK, Decoder, _memory_codes, l
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
 from whistle_stream.decoder_kernels import (
     _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
-    _gather_levels, _levels_rows, _push_ring,
+    _gather_levels, _kron_rows, _levels_rows, _push_ring,
 )
 
 # Stated tolerances, as fractions of the reference logits' standard deviation (module docstring).
@@ -114,13 +114,14 @@ def test_push_ring_keeps_the_newest_rows_where_the_taps_read_them():
     np.testing.assert_array_equal(ring[9 % 3], 0.0)
 
 
-def test_pool_attention_reads_each_beams_own_positions():
+@pytest.mark.parametrize("H, dv", [(4, 5), (14, 16)])  # H 14: groups of 7 heads
+def test_pool_attention_reads_each_beams_own_positions(H, dv):
     rng = np.random.default_rng(2)
-    T, R, KH, H, dq, dv = 9, 3, 2, 4, 6, 5
+    T, R, KH, dq = 19, 3, 2, 6
     k_pool = rng.standard_normal((T, R, KH, dq)).astype(np.float32)
     v_pool = rng.standard_normal((T, R, KH, dv)).astype(np.float32)
     anc = rng.integers(0, R, (R, T)).astype(np.int32)
-    start, S = 5, 2
+    start, S = 15, 2  # 17 positions: a tile and a part
     q = rng.standard_normal((R, S, H, dq)).astype(np.float32)
     out = np.empty((R, S, H, dv), np.float32)
     _attend_pool(q, k_pool, v_pool, anc, start, np.float32(1.5), np.float32(0.25), np.empty((H // KH, T), np.float32), out)
@@ -131,6 +132,20 @@ def test_pool_attention_reads_each_beams_own_positions():
             v = v_pool[np.arange(p + 1), anc[b, : p + 1]]
             want, _ = naive_attention(q[b, i][None], k, v, 1.5 * 0.25)
             np.testing.assert_allclose(out[b, i], want[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ba, bb", [(4, 16), (3, 6)])  # bb 16: SIMD tiles; 6: plain loops
+def test_kronecker_rows_equal_a_transpose_z_b_permuted(ba, bb):
+    rng = np.random.default_rng(6)
+    rows = 7
+    a = rng.standard_normal((ba, ba)).astype(np.float32)
+    b = rng.standard_normal((bb, bb)).astype(np.float32)
+    z = rng.standard_normal((rows, ba * bb)).astype(np.float32)
+    perm = rng.permutation(ba * bb).astype(np.int64)
+    out = np.empty_like(z)
+    _kron_rows(z, a, b, perm, out)
+    want = np.stack([(a.T.astype(np.float64) @ zr.reshape(ba, bb) @ b).reshape(-1)[perm] for zr in z])
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
 def test_memory_attention_and_its_weights():

@@ -123,6 +123,16 @@ def test_linear_matches_matmul_on_both_row_paths(rows):
                                rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows, k", [(10, 64), (10, 60), (7, 64)])  # fives of rows and K of lanes: simd._dot5
+def test_gemm_rows_matches_matmul_on_its_five_row_and_plain_paths(rows, k):
+    w, x = rand(9, k), rand(rows, 2 * k)[:, ::2]  # x: every other column, not contiguous
+    out = np.empty((rows, 9), np.float32)
+    K._gemm_rows(x, w, out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+    K._gemm_rows(np.ascontiguousarray(x), w, out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+
+
 def test_fwht_rows_is_the_normalised_walsh_hadamard_per_group_with_zero_padding():
     x = rand(3, 200)
     got = np.empty((3, 256), np.float32)

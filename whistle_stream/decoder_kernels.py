@@ -512,7 +512,46 @@ def _self_qkv(y, n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, anc, q_norm,
 
 @_jit(GEMM_FASTMATH)
 def _kron_rows(z, a, b, perm, out):
-    """out[r, perm] view: out[r, m] = Z'[perm[m]] with Z' = A^T Z B, Z = z[r].reshape(ba, bb)."""
+    """out[r, m] = Z'[perm[m]] with Z' = A^T Z B, Z = z[r].reshape(ba, bb): one Kronecker factor
+    pair of the Hadamard MLP for every row. Both products go five matrix rows at a time through
+    `simd._tile5` (Z B with the rows of every Z stacked, then A^T times each row's Z B) when bb
+    is a multiple of its lanes; plain loops otherwise."""
+    rows = z.shape[0]
+    ba, bb = a.shape[0], b.shape[0]
+    if bb % LANES:
+        _kron_rows_loop(z, a, b, perm, out)
+        return
+    stacked = rows * ba
+    zs = z.reshape((stacked, bb))  # every row's Z, stacked
+    t = np.empty((stacked + (-stacked) % 5, bb), np.float32)
+    whole = stacked - stacked % 5
+    for i in range(0, whole, 5):
+        for c0 in range(0, bb, LANES):
+            _tile5(b, c0, zs[i:i + 5], t[i:i + 5])
+    if whole < stacked:  # the last rows, padded with zero rows to five
+        tail = np.zeros((5, bb), np.float32)
+        tail[:stacked - whole] = zs[whole:]
+        for c0 in range(0, bb, LANES):
+            _tile5(b, c0, tail, t[whole:whole + 5])
+    ka = ba + (-ba) % 5
+    at = np.zeros((ka, ba), np.float32)  # A^T, zero rows up to a multiple of five
+    for i in range(ba):
+        for k in range(ba):
+            at[k, i] = a[i, k]
+    full = np.empty((ka, bb), np.float32)
+    flat = full.reshape(ka * bb)  # rows k < ba: the (ba, bb) result, row-major
+    for r in range(rows):
+        tr = t[r * ba:(r + 1) * ba]
+        for k in range(0, ka, 5):
+            for c0 in range(0, bb, LANES):
+                _tile5(tr, c0, at[k:k + 5], full[k:k + 5])
+        for m in range(ba * bb):
+            out[r, m] = flat[perm[m]]
+
+
+@_jit(GEMM_FASTMATH)
+def _kron_rows_loop(z, a, b, perm, out):
+    """`_kron_rows` as plain loops (any factor sizes)."""
     rows = z.shape[0]
     ba, bb = a.shape[0], b.shape[0]
     t = np.empty((ba, bb), np.float32)

@@ -16,6 +16,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .simd import LANES, _dot5
+
 # Reassociation lets LLVM vectorise the dot-product reductions (AVX2, 8 lanes); it changes
 # only the order of a float sum. Kernels that must round exactly like the reference
 # (fake-quant, norms) are compiled without it.
@@ -148,8 +150,17 @@ def _exp_neg(x, out, bits, n):
 
 @_jit(GEMM_FASTMATH)
 def _gemm_rows(x, w, out):
-    """out[r, n] = x[r] . w[n] for x (R, K), w (N, K) [out, in]; one accumulator per row."""
+    """out[r, n] = x[r] . w[n] for x (R, K), w (N, K) [out, in]: five rows at a time through
+    `simd._dot5` when R is a multiple of five and K of its lanes (a decoder step's beams), else one
+    accumulator per row."""
     rows, k_dim = x.shape
+    if rows % 5 == 0 and k_dim % LANES == 0 and k_dim > 0 and x.strides[1] == 4 and w.strides[1] == 4:
+        one = np.ones(1, np.float32)  # a single group of K, norm 1
+        for r in range(0, rows, 5):
+            for n in range(w.shape[0]):
+                out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
+                    w[n], x, r, one, one, k_dim)
+        return
     for n in range(w.shape[0]):
         wn = w[n]
         for r in range(rows):

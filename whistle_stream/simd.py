@@ -87,14 +87,16 @@ def _level_lookup(builder, table, idx):
 
 @intrinsic
 def _dot5(typingctx, codes, x, r0, norms, levels, group):
-    """(5 float32) out[i] = sum_g norms[g] * (w_g . x[r0 + i, g]) for one CQ matrix row.
+    """(5 float32) out[i] = sum_g norms[g] * (w_g . x[r0 + i, g]) for one matrix row.
 
-    codes (K_pad,) the row's codes: uint8 2-bit level indices (w = levels[code]) or int16 level
-    codes (w = code, the unit folded into norms; levels unused); x (R, K_pad) float32 rotated
-    activations, C order, rows r0 .. r0 + 4 read; norms (K_pad // group,) float32; group a multiple
-    of LANES dividing K_pad. Sums run in LANES-wide partials (a different order from a plain loop)."""
+    codes (K_pad,) the row's codes: uint8 2-bit level indices (w = levels[code]), int16 level
+    codes (w = code, the unit folded into norms; levels unused) or float32 weights (w = code);
+    x (R, K_pad) float32 rotated activations, rows r0 .. r0 + 4 read; codes and each row of x
+    contiguous (the callers check); norms (K_pad // group,) float32; group a multiple of LANES
+    dividing K_pad. Sums run in LANES-wide partials (a different order from a plain loop)."""
     two_bit = codes.dtype == types.uint8
-    if not two_bit and codes.dtype != types.int16:
+    dense = codes.dtype == types.float32
+    if not (two_bit or dense or codes.dtype == types.int16):
         return None
     sig = types.UniTuple(types.float32, 5)(codes, x, r0, norms, levels, group)
 
@@ -105,10 +107,11 @@ def _dot5(typingctx, codes, x, r0, norms, levels, group):
         norm_arr = context.make_array(signature.args[3])(context, builder, norms_v)
         level_arr = context.make_array(signature.args[4])(context, builder, levels_v)
         k_pad = cgutils.unpack_tuple(builder, x_arr.shape, 2)[1]
+        x_row = builder.sdiv(cgutils.unpack_tuple(builder, x_arr.strides, 2)[0], ir.Constant(_I64, 4))
         r0_i = context.cast(builder, r0_v, signature.args[2], types.intp)
         group_i = context.cast(builder, group_v, signature.args[5], types.intp)
         vf = _vec(_F32)
-        code_elem = ir.IntType(8 if two_bit else 16)
+        code_elem = _F32 if dense else ir.IntType(8 if two_bit else 16)
         code_ptr_t = ir.PointerType(_vec(code_elem))
         vec_ptr_t = ir.PointerType(vf)
         table = ir.Constant(vf, ir.Undefined)
@@ -117,7 +120,7 @@ def _dot5(typingctx, codes, x, r0, norms, levels, group):
                 level = builder.load(builder.gep(level_arr.data, [ir.Constant(_I64, j)]))
                 table = builder.insert_element(table, level, ir.Constant(_I32, j))
         fma = _declare(builder, f"llvm.fmuladd.v{LANES}f32", vf, [vf, vf, vf])
-        rows = [builder.gep(x_arr.data, [builder.mul(builder.add(r0_i, ir.Constant(_I64, i)), k_pad)])
+        rows = [builder.gep(x_arr.data, [builder.mul(builder.add(r0_i, ir.Constant(_I64, i)), x_row)])
                 for i in range(5)]
         zero = ir.Constant(vf, [0.0] * LANES)
         total = [cgutils.alloca_once_value(builder, zero) for _ in range(5)]  # promoted to registers
@@ -129,8 +132,10 @@ def _dot5(typingctx, codes, x, r0, norms, levels, group):
             base = builder.mul(g, group_i)
             with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES))) as lane_loop:
                 k = builder.add(base, builder.mul(lane_loop.index, ir.Constant(_I64, LANES)))
-                raw = builder.load(builder.bitcast(builder.gep(code_arr.data, [k]), code_ptr_t), align=1)
-                if two_bit:
+                raw = builder.load(builder.bitcast(builder.gep(code_arr.data, [k]), code_ptr_t), align=4 if dense else 1)
+                if dense:
+                    w = raw
+                elif two_bit:
                     w = _level_lookup(builder, table, builder.zext(raw, _vec(_I32)))
                 else:
                     w = builder.sitofp(builder.sext(raw, _vec(_I32)), vf)
@@ -147,22 +152,27 @@ def _dot5(typingctx, codes, x, r0, norms, levels, group):
 
 
 @intrinsic
-def _tile5(typingctx, codes, c0, coef, out):
-    """out[i, c0:c0 + LANES] = sum_d coef[i, d] * codes[d, c0:c0 + LANES] for i < 5: five rows of
-    coefficients times one LANES-column tile of an int8 matrix (codes (D, C) int8, C order, columns
-    c0 .. c0 + LANES - 1 inside it; coef (5, D) float32; out (5, C) float32). The tile's five
-    accumulators stay in registers over d: no horizontal sums (cross-attention scores, frames as
-    columns)."""
-    if codes.dtype != types.int8:
+def _tile5(typingctx, m, c0, coef, out):
+    """out[i, c0:c0 + LANES] = sum_d coef[i, d] * m[d, c0:c0 + LANES] for i < 5: five rows of
+    coefficients times one LANES-column tile of a matrix m (D, C), int8 (widened in registers) or
+    float32, columns c0 .. c0 + LANES - 1 inside it; coef (5, >= D) and out (5, C) float32; every
+    row contiguous (row strides may be anything: slices of larger arrays are fine). The tile's five accumulators stay in registers over d: no horizontal sums
+    (cross-attention scores with frames as columns, the Hadamard MLP's Kronecker factors)."""
+    if m.dtype not in (types.int8, types.float32):
         return None
-    sig = types.none(codes, c0, coef, out)
+    widen = m.dtype == types.int8
+    sig = types.none(m, c0, coef, out)
 
     def codegen(context, builder, signature, args):
-        codes_v, c0_v, coef_v, out_v = args
-        code_arr = context.make_array(signature.args[0])(context, builder, codes_v)
+        m_v, c0_v, coef_v, out_v = args
+        m_arr = context.make_array(signature.args[0])(context, builder, m_v)
         coef_arr = context.make_array(signature.args[2])(context, builder, coef_v)
         out_arr = context.make_array(signature.args[3])(context, builder, out_v)
-        depth, cols = cgutils.unpack_tuple(builder, code_arr.shape, 2)
+        depth = cgutils.unpack_tuple(builder, m_arr.shape, 2)[0]
+        # Row strides in elements (rows may be slices of a larger array; each row is contiguous).
+        cols = builder.sdiv(cgutils.unpack_tuple(builder, m_arr.strides, 2)[0], ir.Constant(_I64, 1 if widen else 4))
+        coef_cols = builder.sdiv(cgutils.unpack_tuple(builder, coef_arr.strides, 2)[0], ir.Constant(_I64, 4))
+        out_cols = builder.sdiv(cgutils.unpack_tuple(builder, out_arr.strides, 2)[0], ir.Constant(_I64, 4))
         c0_i = context.cast(builder, c0_v, signature.args[1], types.intp)
         vf = _vec(_F32)
         fma = _declare(builder, f"llvm.fmuladd.v{LANES}f32", vf, [vf, vf, vf])
@@ -170,17 +180,18 @@ def _tile5(typingctx, codes, c0, coef, out):
         acc = [cgutils.alloca_once_value(builder, zero) for _ in range(5)]  # promoted to registers
         with cgutils.for_range(builder, depth) as loop:
             d = loop.index
-            at = builder.add(builder.mul(d, cols), c0_i)
-            raw = builder.load(builder.bitcast(builder.gep(code_arr.data, [at]), ir.PointerType(_vec(ir.IntType(8)))),
-                               align=1)
-            w = builder.sitofp(builder.sext(raw, _vec(_I32)), vf)
+            at = builder.gep(m_arr.data, [builder.add(builder.mul(d, cols), c0_i)])
+            if widen:
+                raw = builder.load(builder.bitcast(at, ir.PointerType(_vec(ir.IntType(8)))), align=1)
+                w = builder.sitofp(builder.sext(raw, _vec(_I32)), vf)
+            else:
+                w = builder.load(builder.bitcast(at, ir.PointerType(vf)), align=4)
             for i in range(5):
-                a = builder.load(builder.gep(coef_arr.data, [builder.add(builder.mul(ir.Constant(_I64, i), depth), d)]))
+                a = builder.load(builder.gep(coef_arr.data, [builder.add(builder.mul(ir.Constant(_I64, i), coef_cols), d)]))
                 builder.store(builder.call(fma, [_splat(builder, a, _F32), w, builder.load(acc[i])]), acc[i])
         for i in range(5):
-            at = builder.add(builder.mul(ir.Constant(_I64, i), cols), c0_i)
-            builder.store(builder.load(acc[i]), builder.bitcast(builder.gep(out_arr.data, [at]), ir.PointerType(vf)),
-                          align=4)
+            at = builder.gep(out_arr.data, [builder.add(builder.mul(ir.Constant(_I64, i), out_cols), c0_i)])
+            builder.store(builder.load(acc[i]), builder.bitcast(at, ir.PointerType(vf)), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
