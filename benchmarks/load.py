@@ -5,7 +5,9 @@
     python benchmarks/load.py --url ws://host:8000 --sessions 8
     python benchmarks/load.py --fake --sessions 16             # the fake engine (tests/fakes.py), a smoke run
 
-Each stream sends its audio in 100 ms frames paced at real time, then `close`. Commit latency is
+Audio: --wav, else held-out demo sentences with pauses (what the bundled model reads steadily), or
+with --audio espeak espeak-ng reading text outside its vocabulary. Each stream sends its audio in
+100 ms frames paced at real time, then `close`. Commit latency is
 measured at the client: the time a word arrives in a `committed` message minus the time its last
 audio was sent. Pass time comes from the server's /metrics histogram (the delta over the run),
 CPU from the server process when this script started it (else the whole machine). A level is
@@ -56,8 +58,20 @@ def load_wav(path: str) -> np.ndarray:
     return audio
 
 
+def demo_sentences(seconds: float) -> np.ndarray:
+    """Held-out demo-model sentences joined with pauses (benchmarks/streaming.py's stream), the
+    default: speech the bundled model reads steadily, so latency measures the server, not the
+    model changing its mind."""
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
+    from streaming import build_stream
+
+    audio, _ = build_stream(max(1, int(seconds / 3.5) + 1), seed=3)
+    return audio
+
+
 def synthesize_speech() -> np.ndarray:
-    """A speech clip from espeak-ng (installed on the dev machine) when no --wav is given."""
+    """A speech clip from espeak-ng (installed on the dev machine): text outside the demo model's
+    vocabulary (`--audio espeak`)."""
     if shutil.which("espeak-ng") is None:
         raise SystemExit("no --wav given and espeak-ng is not installed")
     with tempfile.TemporaryDirectory() as d:
@@ -216,7 +230,10 @@ def print_table(rows, target):
 
 
 async def amain(args) -> int:
-    audio = load_wav(args.wav) if args.wav else synthesize_speech()
+    if args.wav:
+        audio = load_wav(args.wav)
+    else:
+        audio = synthesize_speech() if args.audio == "espeak" else demo_sentences(args.seconds)
     if args.seconds:
         reps = int(np.ceil(args.seconds * RATE / len(audio)))
         audio = np.tile(audio, reps)[: int(args.seconds * RATE)]
@@ -255,7 +272,11 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, help="engine workers for the server started here")
     p.add_argument("--fake", action="store_true", help="start the fake engine instead (smoke test)")
     p.add_argument("--fake-pass-s", type=float, default=0.05, help="fake engine seconds per pass")
-    p.add_argument("--wav", help="16-bit speech WAV (default: synthesized with espeak-ng)")
+    p.add_argument("--wav", help="16-bit speech WAV (default: --audio)")
+    p.add_argument("--audio", choices=("demo", "espeak"), default="demo",
+                   help="without --wav: held-out demo sentences with pauses (default), or espeak-ng reading "
+                        "text the demo model does not know (its readings change pass to pass; words wait "
+                        "for pauses)")
     p.add_argument("--seconds", type=float, default=30.0, help="audio per stream (the clip loops)")
     p.add_argument("--sessions", type=int, default=16, help="concurrent streams")
     p.add_argument("--sweep", help="comma-separated session counts, run in order")
