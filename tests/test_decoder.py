@@ -241,11 +241,12 @@ def test_every_simd_path_computes_the_same_products(path, tmp_path):
     assert done.stdout.split() == ["ok", "16" if path == "avx512" else "8"]
 
 
-def test_an_unknown_simd_path_is_refused(tmp_path):
+def test_an_unknown_simd_path_is_reported_and_ignored(tmp_path):
     env = dict(os.environ, WHISTLE_SIMD="neon", NUMBA_CACHE_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", "import whistle_stream.simd"], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode != 0 and "WHISTLE_SIMD must be one of avx512, avx2, generic, got 'neon'" in done.stderr
+    done = subprocess.run([sys.executable, "-c", "import whistle_stream.simd as s; print(s.PATH)"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() in ("avx512", "avx2", "generic")
+    assert "WHISTLE_SIMD must be one of avx512, avx2, generic, got 'neon'; choosing from the CPU" in done.stderr
 
 
 def walsh_hadamard(n):

@@ -1,4 +1,4 @@
-"""Five dot products of one CQ matrix row in the rotated domain, written in LLVM vector IR.
+"""The inner loops of the decoder's 5-row kernels, written in LLVM vector IR (Numba intrinsics).
 
 The decoder's 5-row products (beams) are most of a decoding step. Written as Numba loops, LLVM
 vectorises each 128-weight group into its own reduction: a 2-bit code became its level through a
@@ -7,17 +7,20 @@ in 5 horizontal sums (a third of the kernel). `_dot5` keeps five vector accumula
 whole row instead (each group's partial sums are scaled by the group's norm with one vector
 multiply-add, one horizontal sum per output at the end), and turns a 2-bit code into its level
 with one in-register table lookup (vpermps). Full-architecture step: 2.1 -> 1.55 ms for the 2-bit
-products (benchmarks/decoder.py).
+products (benchmarks/decoder.py). `_tile5` is the same idea for five rows of coefficients times a
+tile of columns (cross-attention scores, the Hadamard MLP's Kronecker factors).
 
 Lane width and table lookup follow the CPU Numba compiles for: 16 lanes + AVX-512 vpermps,
 8 lanes + AVX2 vpermps, or 8 lanes and a portable select chain. WHISTLE_SIMD=avx512|avx2|generic
-overrides the choice (tests run each path; compiled kernels are cached per CPU, so set
-NUMBA_CACHE_DIR apart when forcing a path).
+overrides the choice (tests run each path; a path the CPU lacks cannot run; compiled kernels are
+cached per CPU, so set NUMBA_CACHE_DIR apart when forcing a path). An unknown value is reported
+and ignored.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import llvmlite.binding as llvm_binding
 from llvmlite import ir
@@ -31,10 +34,11 @@ PATHS = ("avx512", "avx2", "generic")
 
 def _choose_path() -> str:
     forced = os.environ.get("WHISTLE_SIMD", "").strip().lower()
-    if forced:
-        if forced not in PATHS:
-            raise ValueError(f"WHISTLE_SIMD must be one of {', '.join(PATHS)}, got {forced!r}")
+    if forced in PATHS:
         return forced
+    if forced:
+        warnings.warn(f"WHISTLE_SIMD must be one of {', '.join(PATHS)}, got {forced!r}; choosing from the CPU",
+                      RuntimeWarning, stacklevel=2)
     if config.CPU_NAME or config.CPU_FEATURES:  # a cross-compiled (portable) cache: no x86 intrinsics
         return "generic"
     features = llvm_binding.get_host_cpu_features()
