@@ -13,10 +13,10 @@ from numba import njit, types
 from numba.extending import overload
 
 from .kernels import (
-    GEMM_FASTMATH, JIT_OPTIONS, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale, _lane_combine,
-    _lane_mix, _rms_unit_rows, _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
+    GEMM_FASTMATH, JIT_OPTIONS, _dot5_rows, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale,
+    _lane_combine, _lane_mix, _rms_unit_rows, _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
 )
-from .simd import LANES, _dot5, _tile5
+from .simd import LANES, _tile5
 
 
 def _jit(fastmath=False):
@@ -272,10 +272,7 @@ def _levels_rows(xr, levels, gscale, group, out):
     if rows % 5:
         raise ValueError("rows must be a multiple of five (pad with zero rows)")
     if group % LANES == 0:
-        for r in range(0, rows, 5):
-            for n in range(levels.shape[0]):
-                out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
-                    levels[n], xr, r, gscale[n], gscale[n], group)
+        _dot5_rows(xr, levels, gscale, gscale[0], group, out)  # (the levels argument is unused for int16)
         return
     for r in range(0, rows, 5):
         for n in range(levels.shape[0]):
@@ -319,10 +316,7 @@ def _codes2_rows(xr, codes, norms, levels, group, out):
     if rows % 5:
         raise ValueError("rows must be a multiple of five (pad with zero rows)")
     if group % LANES == 0:
-        for r in range(0, rows, 5):
-            for n in range(codes.shape[0]):
-                out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
-                    codes[n], xr, r, norms[n], levels, group)
+        _dot5_rows(xr, codes, norms, levels, group, out)
         return
     l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
     for r in range(0, rows, 5):

@@ -149,17 +149,24 @@ def _exp_neg(x, out, bits, n):
 
 
 @_jit(GEMM_FASTMATH)
+def _dot5_rows(x, codes, norms, levels, group, out):
+    """out[r, n] = `simd._dot5`(codes[n], x, r, norms[n], levels, group) for every five rows r of x
+    (R a multiple of five) and every row n of codes (N, K); norms (N, K // group)."""
+    for r in range(0, x.shape[0], 5):
+        for n in range(codes.shape[0]):
+            out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
+                codes[n], x, r, norms[n], levels, group)
+
+
+@_jit(GEMM_FASTMATH)
 def _gemm_rows(x, w, out):
     """out[r, n] = x[r] . w[n] for x (R, K), w (N, K) [out, in]: five rows at a time through
     `simd._dot5` when R is a multiple of five and K of its lanes (a decoder step's beams), else one
     accumulator per row."""
     rows, k_dim = x.shape
     if rows % 5 == 0 and k_dim % LANES == 0 and k_dim > 0 and x.strides[1] == 4 and w.strides[1] == 4:
-        one = np.ones(1, np.float32)  # a single group of K, norm 1
-        for r in range(0, rows, 5):
-            for n in range(w.shape[0]):
-                out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
-                    w[n], x, r, one, one, k_dim)
+        ones = np.ones((w.shape[0], 1), np.float32)  # one group of K per row, norm 1
+        _dot5_rows(x, w, ones, ones[0], k_dim, out)
         return
     for n in range(w.shape[0]):
         wn = w[n]

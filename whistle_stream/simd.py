@@ -160,8 +160,9 @@ def _tile5(typingctx, m, c0, coef, out):
     """out[i, c0:c0 + LANES] = sum_d coef[i, d] * m[d, c0:c0 + LANES] for i < 5: five rows of
     coefficients times one LANES-column tile of a matrix m (D, C), int8 (widened in registers) or
     float32, columns c0 .. c0 + LANES - 1 inside it; coef (5, >= D) and out (5, C) float32; every
-    row contiguous (row strides may be anything: slices of larger arrays are fine). The tile's five accumulators stay in registers over d: no horizontal sums
-    (cross-attention scores with frames as columns, the Hadamard MLP's Kronecker factors)."""
+    row contiguous (row strides may be anything: slices of larger arrays are fine). The tile's five
+    accumulators stay in registers over d: no horizontal sums (cross-attention scores with frames
+    as columns, the Hadamard MLP's Kronecker factors)."""
     if m.dtype not in (types.int8, types.float32):
         return None
     widen = m.dtype == types.int8
