@@ -28,11 +28,11 @@ TEST_CLIPS = 200
 pytestmark = pytest.mark.slow
 
 # The bundled demo model is too weak for some acceptance lines of issues 5, 6 and 7: trained from
-# scratch on this 2-vCPU machine in under 1.5 hours it reaches held-out WER ~14% (see
+# scratch on this 2-vCPU machine in about 1.5 hours it reaches held-out WER ~10-11% (see
 # docs/demo-model.md), misreads many words of 30 s windows of several sentences, and a pass over a
 # partial sentence sometimes adds words the one-shot reading does not. Those lines stay open until a better model ships; the
 # tests run, print their numbers, and turn into passes when the model reaches them.
-WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER ~14%; long windows and partial "
+WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER ~10-11%; long windows and partial "
                                      "sentences still misread)",
                               strict=False)
 
