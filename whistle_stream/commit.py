@@ -127,7 +127,7 @@ class CommitPolicy:
     # it at least this probability: a small model guessing the rest of a sentence from its first
     # words can guess the same word twice ("Remind me to take out the trash next ..." for "... at three
     # fifteen", "next" at 0.93 then 0.49). Run 10 demo model, five 40-sentence streams: mean streamed
-    # WER 8.27 -> 8.03 %, latency unchanged; the shipped run 8: no word changed.
+    # WER 8.27 -> 8.03 %, latency unchanged; run 8 (shipped at the time): no word changed.
     min_probability = MIN_COMMIT_PROBABILITY
 
     def __init__(self, *, repeat_words: int = REPEAT_WORDS, repeat_window_s: float = REPEAT_WINDOW_S,
