@@ -62,6 +62,46 @@ def test_held_out_voices_never_appear_in_training():
     assert any(v.startswith("flite/") for v in tested) and any(v.startswith("espeak-ng/") for v in tested)
 
 
+@pytest.mark.parametrize("mix", ["core", "wide"])
+def test_every_voice_mix_keeps_the_held_out_voices_out(mix):
+    voices = [it["voice"] for it in demo_data.train_items(2000, seed=0, voices=mix)]
+    voices += [it["voice"] for it in demo_data.mixed_items(300, seed=0, voices=mix)]
+    voices += [it["voice"] for it in demo_data.spliced_items(300, seed=0, voices=mix)]
+    assert set(voices) <= set(demo_data.voice_mix(mix).voices) <= set(demo_data.TRAIN_VOICES)
+    assert set(voices).isdisjoint(demo_data.TEST_VOICES)
+    assert not any(f"+{v}" in voice for voice in voices for v in demo_data.HELD_OUT_VARIANTS)
+
+
+def test_core_mix_draws_every_voice_equally_and_wide_gives_flite_a_fifth():
+    def flite_share(mix):
+        items = demo_data.train_items(4000, seed=1, voices=mix)
+        return sum(it["voice"].startswith("flite/") for it in items) / len(items)
+
+    core = demo_data.voice_mix("core")
+    assert flite_share("core") == pytest.approx(len(core.flite) / len(core.voices), abs=0.015)
+    assert flite_share("wide") == pytest.approx(0.2, abs=0.02)
+    named = {it["voice"].partition("+")[2] for it in demo_data.train_items(4000, seed=1, voices="wide")}
+    assert len(named & set(demo_data.NAMED_VARIANTS)) > 50  # the wide mix really hears the named variants
+
+
+def test_unknown_voice_mixes_and_shares_are_rejected_by_name():
+    with pytest.raises(ValueError, match=r"unknown voice mix 'loud'.*'core'.*'wide'"):
+        demo_data.train_items(10, voices="loud")
+    with pytest.raises(ValueError, match="flite_share is a share from 0 to 1"):
+        demo_data.VoiceMix(demo_data.CORE_VOICES, flite_share=1.5)
+    with pytest.raises(ValueError, match="at least one voice"):
+        demo_data.VoiceMix(())
+
+
+@needs_tts
+def test_every_named_espeak_variant_speaks():
+    rng = np.random.default_rng(0)
+    for variant in demo_data.NAMED_VARIANTS:
+        audio = demo_data.synthesize("Call mom.", f"espeak-ng/en-us+{variant}", rng)
+        assert audio.dtype == np.float32 and 0.3 * demo_data.RATE < len(audio) < 3 * demo_data.RATE, variant
+        assert np.abs(audio).max() > 0.05, variant
+
+
 def test_test_split_holds_at_least_200_clips():
     assert len(demo_data.test_items(200, seed=0)) == 200
     with pytest.raises(ValueError, match="test_items takes"):

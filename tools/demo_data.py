@@ -27,6 +27,7 @@ import sys
 import tempfile
 import wave
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import soxr
@@ -255,16 +256,71 @@ def _words(text: str) -> list[str]:
 
 ESPEAK_LANGS = ["en", "en-us", "en-gb-x-rp", "en-gb-scotland", "en-029", "en-gb-x-gbclan"]
 ESPEAK_VARIANTS = ["m1", "m2", "m3", "m4", "m5", "m7", "f1", "f2", "f3", "f5", "f4", "m6"]
+# espeak-ng's named speaker variants (pitch, formant and voicing settings of their own; the klatt
+# ones use its Klatt synthesiser): more speakers to learn from, for `VoiceMix` "wide". Left out:
+# effects rather than speakers (whisper, croak, robots, "Demonic", "Tweaky", announcer, fast) and
+# "Mr serious" (a space in its name).
+NAMED_VARIANTS = (
+    "Alex", "Alicia", "Andrea", "Andy", "Annie", "AnxiousAndy", "Denis", "Diogo", "Gene", "Gene2",
+    "Henrique", "Hugo", "Jacky", "Lee", "Marco", "Mario", "Michael", "Mike", "Nguyen", "RicishayMax",
+    "Storm", "adam", "anika", "antonio", "aunty", "belinda", "benjamin", "boris", "caleb", "david",
+    "ed", "edward", "edward2", "grandma", "grandpa", "gustave", "iven", "iven2", "iven3", "iven4",
+    "john", "kaukovalta", "klatt", "klatt2", "klatt3", "klatt4", "klatt5", "klatt6", "linda", "m8",
+    "marcelo", "max", "michel", "miguel", "norbert", "pablo", "paul", "pedro", "quincy", "rob",
+    "robert", "sandro", "shelby", "steph", "steph2", "steph3", "travis", "victor", "zac")
 FLITE_VOICES = ["kal", "kal16", "awb", "slt", "rms"]
 # Held out: every espeak-ng voice built on variants f4 and m6, and flite's rms.
 HELD_OUT_VARIANTS = ("f4", "m6")
 HELD_OUT_FLITE = ("rms",)
 
-TRAIN_VOICES = tuple([f"espeak-ng/{lang}+{v}" for lang in ESPEAK_LANGS for v in ESPEAK_VARIANTS
-                      if v not in HELD_OUT_VARIANTS] + [f"espeak-ng/{lang}" for lang in ESPEAK_LANGS]
-                     + [f"flite/{v}" for v in FLITE_VOICES if v not in HELD_OUT_FLITE])
+CORE_VOICES = tuple([f"espeak-ng/{lang}+{v}" for lang in ESPEAK_LANGS for v in ESPEAK_VARIANTS
+                     if v not in HELD_OUT_VARIANTS] + [f"espeak-ng/{lang}" for lang in ESPEAK_LANGS]
+                    + [f"flite/{v}" for v in FLITE_VOICES if v not in HELD_OUT_FLITE])
+TRAIN_VOICES = CORE_VOICES + tuple(f"espeak-ng/{lang}+{v}" for lang in ESPEAK_LANGS for v in NAMED_VARIANTS)
 TEST_VOICES = tuple([f"espeak-ng/{lang}+{v}" for lang in ESPEAK_LANGS for v in HELD_OUT_VARIANTS]
                     + [f"flite/{v}" for v in HELD_OUT_FLITE])
+
+
+@dataclass(frozen=True)
+class VoiceMix:
+    """The training voices clips are drawn from: `voices`, each equally likely, or, with
+    `flite_share`, flite's voices on that share of clips and espeak-ng's on the rest."""
+
+    voices: tuple[str, ...]
+    flite_share: float | None = None
+
+    def __post_init__(self):
+        if not self.voices:
+            raise ValueError("a VoiceMix needs at least one voice")
+        if self.flite_share is not None and not 0.0 <= self.flite_share <= 1.0:
+            raise ValueError(f"flite_share is a share from 0 to 1 (or None), got {self.flite_share!r}")
+
+    @property
+    def espeak(self) -> tuple[str, ...]:
+        return tuple(v for v in self.voices if v.startswith("espeak-ng/"))
+
+    @property
+    def flite(self) -> tuple[str, ...]:
+        return tuple(v for v in self.voices if v.startswith("flite/"))
+
+    def pick(self, rng: np.random.Generator) -> str:
+        if self.flite_share is None:
+            return _pick(rng, self.voices)
+        return _pick(rng, self.flite if rng.random() < self.flite_share else self.espeak)
+
+
+# "core": the voices of the demo runs up to 13 (every voice equally likely: flite speaks 4 clips in 70).
+# "wide": espeak-ng's named variants as well, and flite on a fifth of the clips (its held-out rms
+# was the hardest test voice).
+VOICE_MIXES = {"core": VoiceMix(CORE_VOICES), "wide": VoiceMix(TRAIN_VOICES, flite_share=0.2)}
+HELD_OUT = VoiceMix(TEST_VOICES)  # validation and test: every held-out voice equally likely
+
+
+def voice_mix(name: str) -> VoiceMix:
+    """VOICE_MIXES[name], with an error that lists the names."""
+    if name not in VOICE_MIXES:
+        raise ValueError(f"unknown voice mix {name!r}: expected one of {sorted(VOICE_MIXES)}")
+    return VOICE_MIXES[name]
 
 
 def _rng(seed: int, *labels) -> np.random.Generator:
@@ -306,29 +362,29 @@ def train_sentences(n: int, seed: int = 0) -> list[str]:
     return [_fresh_sentence(rng, reserved) for _ in range(n)]
 
 
-def _items(texts, voices, seed, label):
+def _items(texts, mix: VoiceMix, seed, label):
     rng = _rng(seed, label + "-voices")
-    return [{"text": t, "voice": voices[int(rng.integers(len(voices)))],
+    return [{"text": t, "voice": mix.pick(rng),
              "seed": int(_rng(seed, label, i).integers(2 ** 31))} for i, t in enumerate(texts)]
 
 
-def train_items(n: int, seed: int = 0) -> list[dict]:
-    """n training clip specs {text, voice, seed} on TRAIN_VOICES."""
-    return _items(train_sentences(n, seed), TRAIN_VOICES, seed, "train")
+def train_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
+    """n training clip specs {text, voice, seed}, voices drawn by VOICE_MIXES[voices]."""
+    return _items(train_sentences(n, seed), voice_mix(voices), seed, "train")
 
 
 def validation_items(n: int = VALIDATION, seed: int = 0) -> list[dict]:
     """Validation clip specs: held-out sentences (the last VALIDATION of the pool), held-out voices."""
     if not 1 <= n <= VALIDATION:
         raise ValueError(f"validation_items takes 1..{VALIDATION} clips, got {n}")
-    return _items(test_sentences(TEST_POOL, seed)[-VALIDATION:][:n], TEST_VOICES, seed, "validation")
+    return _items(test_sentences(TEST_POOL, seed)[-VALIDATION:][:n], HELD_OUT, seed, "validation")
 
 
 def test_items(n: int, seed: int = 0) -> list[dict]:
     """The first n test clip specs {text, voice, seed}: unseen sentences spoken by unseen voices."""
     if not 1 <= n <= TEST_POOL - VALIDATION:
         raise ValueError(f"test_items takes 1..{TEST_POOL - VALIDATION} clips, got {n}")
-    return _items(test_sentences(TEST_POOL, seed)[:n], TEST_VOICES, seed, "test")
+    return _items(test_sentences(TEST_POOL, seed)[:n], HELD_OUT, seed, "test")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,8 +555,9 @@ def test_clips(n: int, seed: int = 0) -> list[tuple[np.ndarray, str]]:
 MAX_SECONDS = 29.5  # a mixed clip never exceeds one 30 s window
 
 
-def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
-    """n extra training clip specs on TRAIN_VOICES, from their own sentence stream (test pool removed).
+def mixed_items(n: int, seed: int = 0, prefix: float = 0.30, voices: str = "core") -> list[dict]:
+    """n extra training clip specs, voices drawn by VOICE_MIXES[voices], from their own sentence
+    stream (test pool removed).
 
     30 % (`prefix`) "prefix": a sentence cut in the first 40 % of a word (espeak-ng voices, whose
     word times we read), the transcript the words before that one, the end abrupt (no trailing silence): what
@@ -517,7 +574,7 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
     def fresh() -> str:
         return _fresh_sentence(source, reserved)
 
-    espeak = [v for v in TRAIN_VOICES if v.startswith("espeak-ng/")]
+    mix = voice_mix(voices)
     multi = prefix + (1.0 - prefix) * (0.55 / 0.70)  # multi : long stays 55 : 15
     items = []
     for i in range(n):
@@ -527,7 +584,7 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
             while len(text.split()) < 2:
                 text = fresh()
             keep = int(rng.integers(1, len(text.split())))
-            items.append({"kind": "prefix", "source": text, "keep": keep, "voice": _pick(rng, espeak),
+            items.append({"kind": "prefix", "source": text, "keep": keep, "voice": _pick(rng, mix.espeak),
                           "seed": seed_i})
             continue
         if r < multi:
@@ -538,18 +595,18 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30) -> list[dict]:
                 parts.append(fresh())
                 estimate += 0.36 * len(parts[-1].split()) + 0.8  # ~170 wpm plus the pause
         items.append({"kind": "multi" if r < multi else "long", "parts": parts,
-                      "voice": _pick(rng, TRAIN_VOICES), "seed": seed_i})
+                      "voice": mix.pick(rng), "seed": seed_i})
     return items
 
 
-def spliced_items(n: int, seed: int = 0) -> list[dict]:
-    """n extra training clip specs on TRAIN_VOICES, from their own sentence stream (test pool
-    removed): "spliced", a sentence spoken one word at a time (each word synthesised alone, its
-    silence trimmed, 0.05-0.7 s of silence between words), as someone dictating word by word
-    says it, and as the word-timestamp tests build their clips."""
+def spliced_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
+    """n extra training clip specs, voices drawn by VOICE_MIXES[voices], from their own sentence
+    stream (test pool removed): "spliced", a sentence spoken one word at a time (each word
+    synthesised alone, its silence trimmed, 0.05-0.7 s of silence between words), as someone
+    dictating word by word says it, and as the word-timestamp tests build their clips."""
     rng, reserved = _rng(seed, "spliced"), _reserved(seed)
     source = _rng(seed, "spliced-sentences")
-    return [{"kind": "spliced", "source": _fresh_sentence(source, reserved), "voice": _pick(rng, TRAIN_VOICES),
+    return [{"kind": "spliced", "source": _fresh_sentence(source, reserved), "voice": voice_mix(voices).pick(rng),
              "seed": int(_rng(seed, "spliced", i).integers(2 ** 31))} for i in range(n)]
 
 

@@ -309,6 +309,9 @@ def main(argv=None) -> None:
                     help="share of --mix clips that are sentence prefixes (0 leaves them out)")
     ap.add_argument("--spliced", type=int, default=0,
                     help="extra training clips from demo_data.spliced_items: sentences spoken one word at a time")
+    ap.add_argument("--voices", choices=sorted(demo_data.VOICE_MIXES), default="core",
+                    help="training voice mix (tools/demo_data.py VOICE_MIXES): core (runs up to 13) or wide "
+                         "(espeak-ng's named variants too, flite on a fifth of the clips)")
     ap.add_argument("--perturb", type=float, default=0.0,
                     help="speed perturbation: each training clip, each epoch, at a speed in [1-P, 1+P] (0: off)")
     ap.add_argument("--tokenizer-clips", type=int, default=6000,
@@ -337,19 +340,21 @@ def main(argv=None) -> None:
     jax.config.update("jax_compilation_cache_dir", os.path.join(args.data, "jax-cache"))
     cq2 = args.bits == 2
 
-    log("data", args.data)
+    log("data", args.data, "voices", args.voices)
+    suffix = "" if args.voices == "core" else "-" + args.voices  # audio is cached by index: one folder per mix
     manifests = {
         "test": demo_data.write_split(demo_data.test_items(args.test_clips, args.seed), args.data, "test"),
         "validation": demo_data.write_split(demo_data.validation_items(seed=args.seed), args.data, "validation"),
-        "train": demo_data.write_split(demo_data.train_items(args.clips, args.seed), args.data, "train"),
+        "train": demo_data.write_split(demo_data.train_items(args.clips, args.seed, args.voices), args.data,
+                                       "train" + suffix),
     }
     if args.mix:
         name = "mixed" if args.prefix_share == 0.30 else f"mixed-prefix{args.prefix_share:g}"
-        manifests["mixed"] = demo_data.write_split(demo_data.mixed_items(args.mix, args.seed, args.prefix_share),
-                                                   args.data, name)
+        manifests["mixed"] = demo_data.write_split(
+            demo_data.mixed_items(args.mix, args.seed, args.prefix_share, args.voices), args.data, name + suffix)
     if args.spliced:
-        manifests["spliced"] = demo_data.write_split(demo_data.spliced_items(args.spliced, args.seed), args.data,
-                                                     "spliced")
+        manifests["spliced"] = demo_data.write_split(demo_data.spliced_items(args.spliced, args.seed, args.voices),
+                                                     args.data, "spliced" + suffix)
     splits = {k: load_split(v) for k, v in manifests.items()}
     mixed = splits.pop("mixed", []) + splits.pop("spliced", [])
     minutes = sum(len(r["pcm"]) for r in splits["train"]) / demo_data.RATE / 60
