@@ -62,7 +62,7 @@ def test_held_out_voices_never_appear_in_training():
     assert any(v.startswith("flite/") for v in tested) and any(v.startswith("espeak-ng/") for v in tested)
 
 
-@pytest.mark.parametrize("mix", ["core", "wide"])
+@pytest.mark.parametrize("mix", ["core", "wide", "core-flite"])
 def test_every_voice_mix_keeps_the_held_out_voices_out(mix):
     voices = [it["voice"] for it in demo_data.train_items(2000, seed=0, voices=mix)]
     voices += [it["voice"] for it in demo_data.mixed_items(300, seed=0, voices=mix)]
@@ -80,12 +80,13 @@ def test_core_mix_draws_every_voice_equally_and_wide_gives_flite_a_fifth():
     core = demo_data.voice_mix("core")
     assert flite_share("core") == pytest.approx(len(core.flite) / len(core.voices), abs=0.015)
     assert flite_share("wide") == pytest.approx(0.2, abs=0.02)
+    assert flite_share("core-flite") == pytest.approx(0.2, abs=0.02)
     named = {it["voice"].partition("+")[2] for it in demo_data.train_items(4000, seed=1, voices="wide")}
     assert len(named & set(demo_data.NAMED_VARIANTS)) > 50  # the wide mix really hears the named variants
 
 
 def test_unknown_voice_mixes_and_shares_are_rejected_by_name():
-    with pytest.raises(ValueError, match=r"unknown voice mix 'loud'.*'core'.*'wide'"):
+    with pytest.raises(ValueError, match=r"unknown voice mix 'loud'.*'core'.*'core-flite'.*'wide'"):
         demo_data.train_items(10, voices="loud")
     with pytest.raises(ValueError, match="flite_share is a share from 0 to 1"):
         demo_data.VoiceMix(demo_data.CORE_VOICES, flite_share=1.5)

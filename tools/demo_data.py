@@ -311,8 +311,9 @@ class VoiceMix:
 
 # "core": the voices of the demo runs up to 13 (every voice equally likely: flite speaks 4 clips in 70).
 # "wide": espeak-ng's named variants as well, and flite on a fifth of the clips (its held-out rms
-# was the hardest test voice).
-VOICE_MIXES = {"core": VoiceMix(CORE_VOICES), "wide": VoiceMix(TRAIN_VOICES, flite_share=0.2)}
+# was the hardest test voice). "core-flite": the core voices, flite on a fifth of the clips.
+VOICE_MIXES = {"core": VoiceMix(CORE_VOICES), "wide": VoiceMix(TRAIN_VOICES, flite_share=0.2),
+               "core-flite": VoiceMix(CORE_VOICES, flite_share=0.2)}
 HELD_OUT = VoiceMix(TEST_VOICES)  # validation and test: every held-out voice equally likely
 
 

@@ -310,8 +310,9 @@ def main(argv=None) -> None:
     ap.add_argument("--spliced", type=int, default=0,
                     help="extra training clips from demo_data.spliced_items: sentences spoken one word at a time")
     ap.add_argument("--voices", choices=sorted(demo_data.VOICE_MIXES), default="core",
-                    help="training voice mix (tools/demo_data.py VOICE_MIXES): core (runs up to 13) or wide "
-                         "(espeak-ng's named variants too, flite on a fifth of the clips)")
+                    help="training voice mix (tools/demo_data.py VOICE_MIXES): core (runs up to 13), wide "
+                         "(espeak-ng's named variants too, flite on a fifth of the clips) or core-flite (core "
+                         "voices, flite on a fifth of the clips)")
     ap.add_argument("--perturb", type=float, default=0.0,
                     help="speed perturbation: each training clip, each epoch, at a speed in [1-P, 1+P] (0: off)")
     ap.add_argument("--tokenizer-clips", type=int, default=6000,
