@@ -92,6 +92,8 @@ def test_unknown_voice_mixes_and_shares_are_rejected_by_name():
         demo_data.VoiceMix(demo_data.CORE_VOICES, flite_share=1.5)
     with pytest.raises(ValueError, match="at least one voice"):
         demo_data.VoiceMix(())
+    with pytest.raises(ValueError, match="needs flite and espeak-ng voices both"):
+        demo_data.VoiceMix(("espeak-ng/en+m1",), flite_share=0.2)
 
 
 @needs_tts

@@ -294,6 +294,8 @@ class VoiceMix:
             raise ValueError("a VoiceMix needs at least one voice")
         if self.flite_share is not None and not 0.0 <= self.flite_share <= 1.0:
             raise ValueError(f"flite_share is a share from 0 to 1 (or None), got {self.flite_share!r}")
+        if self.flite_share is not None and not (self.flite and self.espeak):
+            raise ValueError("a VoiceMix with a flite_share needs flite and espeak-ng voices both")
 
     @property
     def espeak(self) -> tuple[str, ...]:
