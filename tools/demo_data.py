@@ -28,6 +28,7 @@ import tempfile
 import wave
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import soxr
@@ -297,11 +298,11 @@ class VoiceMix:
         if self.flite_share is not None and not (self.flite and self.espeak):
             raise ValueError("a VoiceMix with a flite_share needs flite and espeak-ng voices both")
 
-    @property
+    @cached_property  # pick() reads it once per clip
     def espeak(self) -> tuple[str, ...]:
         return tuple(v for v in self.voices if v.startswith("espeak-ng/"))
 
-    @property
+    @cached_property  # pick() reads it once per clip
     def flite(self) -> tuple[str, ...]:
         return tuple(v for v in self.voices if v.startswith("flite/"))
 
@@ -607,9 +608,9 @@ def spliced_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
     stream (test pool removed): "spliced", a sentence spoken one word at a time (each word
     synthesised alone, its silence trimmed, 0.05-0.7 s of silence between words), as someone
     dictating word by word says it, and as the word-timestamp tests build their clips."""
-    rng, reserved = _rng(seed, "spliced"), _reserved(seed)
+    rng, reserved, mix = _rng(seed, "spliced"), _reserved(seed), voice_mix(voices)
     source = _rng(seed, "spliced-sentences")
-    return [{"kind": "spliced", "source": _fresh_sentence(source, reserved), "voice": voice_mix(voices).pick(rng),
+    return [{"kind": "spliced", "source": _fresh_sentence(source, reserved), "voice": mix.pick(rng),
              "seed": int(_rng(seed, "spliced", i).integers(2 ** 31))} for i in range(n)]
 
 
