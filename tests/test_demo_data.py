@@ -67,6 +67,7 @@ def test_every_voice_mix_keeps_the_held_out_voices_out(mix):
     voices = [it["voice"] for it in demo_data.train_items(2000, seed=0, voices=mix)]
     voices += [it["voice"] for it in demo_data.mixed_items(300, seed=0, voices=mix)]
     voices += [it["voice"] for it in demo_data.spliced_items(300, seed=0, voices=mix)]
+    voices += [it["voice"] for it in demo_data.scrambled_items(300, seed=0, voices=mix)]
     assert set(voices) <= set(demo_data.voice_mix(mix).voices) <= set(demo_data.TRAIN_VOICES)
     assert set(voices).isdisjoint(demo_data.TEST_VOICES)
     assert not any(f"+{v}" in voice for voice in voices for v in demo_data.HELD_OUT_VARIANTS)
@@ -291,3 +292,34 @@ def test_a_spliced_clip_says_its_sentence_one_word_at_a_time():
     assert all(e > s for s, e in spans)
     seconds = len(audio) / demo_data.RATE
     assert speech + 0.05 * (len(words) - 1) + 0.2 - 0.01 <= seconds <= speech + 0.7 * (len(words) - 1) + 1.6 + 0.01
+
+
+def test_scrambled_specs_are_seeded_prefix_stable_and_held_out():
+    items = demo_data.scrambled_items(300, seed=0)
+    assert items == demo_data.scrambled_items(300, seed=0) and items[:50] == demo_data.scrambled_items(50, seed=0)
+    assert items != demo_data.scrambled_items(300, seed=1)
+    reserved = set(demo_data.test_sentences(demo_data.TEST_POOL, 0))
+    assert not reserved & {it["text"] for it in items}
+    assert all(it["voice"] in demo_data.CORE_VOICES for it in items)
+    flite = demo_data.scrambled_items(500, seed=0, voices="core-flite")
+    assert sum(it["voice"].startswith("flite/") for it in flite) / len(flite) == pytest.approx(0.2, abs=0.04)
+
+
+def test_scrambled_sentences_use_every_grammar_word_in_its_grammar_spelling():
+    vocabulary = demo_data.grammar_vocabulary()
+    items = demo_data.scrambled_items(3000, seed=0)
+    words = [w for it in items for w in it["text"][:-1].split()]
+    assert all(it["text"][0].isupper() and it["text"].endswith(".") for it in items)
+    assert {3, 8} <= {len(it["text"].split()) for it in items} <= set(range(3, 9))
+    assert {w.lower() for w in words} == vocabulary  # 3000 clips x 5.5 words reach all 476 words
+    inner = {w for it in items for w in it["text"][:-1].split()[1:]}
+    assert {"Madrid", "Monday", "Diana", "I"} <= inner  # names, days and "I" keep their capital
+    assert {"lovely", "kettle", "seven"} <= inner and not {"Lovely", "Kettle", "Seven"} & inner
+
+
+@needs_tts
+def test_a_scrambled_clip_is_an_ordinary_clip_of_its_text():
+    item = demo_data.scrambled_items(1, seed=0)[0]
+    audio = demo_data.make_clip(item["text"], item["voice"], item["seed"])
+    np.testing.assert_array_equal(audio, demo_data.make_clip(item["text"], item["voice"], item["seed"]))
+    assert 0.5 < len(audio) / demo_data.RATE < 10

@@ -309,6 +309,9 @@ def main(argv=None) -> None:
                     help="share of --mix clips that are sentence prefixes (0 leaves them out)")
     ap.add_argument("--spliced", type=int, default=0,
                     help="extra training clips from demo_data.spliced_items: sentences spoken one word at a time")
+    ap.add_argument("--scrambled", type=int, default=0,
+                    help="extra training clips from demo_data.scrambled_items: 3-8 vocabulary words in no "
+                         "grammatical order, so the model listens to words rather than recalling sentences")
     ap.add_argument("--voices", choices=sorted(demo_data.VOICE_MIXES), default="core",
                     help="training voice mix (tools/demo_data.py VOICE_MIXES): core (runs up to 13), wide "
                          "(espeak-ng's named variants too, flite on a fifth of the clips) or core-flite (core "
@@ -356,8 +359,11 @@ def main(argv=None) -> None:
     if args.spliced:
         manifests["spliced"] = demo_data.write_split(demo_data.spliced_items(args.spliced, args.seed, args.voices),
                                                      args.data, "spliced" + suffix)
+    if args.scrambled:
+        manifests["scrambled"] = demo_data.write_split(
+            demo_data.scrambled_items(args.scrambled, args.seed, args.voices), args.data, "scrambled" + suffix)
     splits = {k: load_split(v) for k, v in manifests.items()}
-    mixed = splits.pop("mixed", []) + splits.pop("spliced", [])
+    mixed = splits.pop("mixed", []) + splits.pop("spliced", []) + splits.pop("scrambled", [])
     minutes = sum(len(r["pcm"]) for r in splits["train"]) / demo_data.RATE / 60
     mixed_minutes = sum(len(r["pcm"]) for r in mixed) / demo_data.RATE / 60
     log(f"clips train {len(splits['train'])} ({minutes:.1f} min) + mixed {len(mixed)} ({mixed_minutes:.1f} min)  validation {len(splits['validation'])}"
