@@ -235,14 +235,20 @@ def sentence(rng: np.random.Generator) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+@lru_cache(maxsize=1)
+def _probe_sentences() -> tuple[str, ...]:
+    """20000 grammar sentences from a fixed seed: enough to meet every template and slot word."""
+    probe = np.random.default_rng(12345)
+    return tuple(sentence(probe) for _ in range(20000))
+
+
 def grammar_vocabulary() -> set[str]:
     """Every lower-case word the grammar can produce (hyphenated numbers split at the hyphen)."""
     words: set[str] = set()
     sources = [number_words(n) for n in range(1001)] + [ordinal_words(n) for n in range(1, 101)]
     sources += DAYS + MONTHS + COLOURS + ROOMS + DEVICES + CONTACTS + GENRES + CITIES + TASKS
     sources += FOODS + PLACES + PEOPLE + ADJECTIVES + EVERYDAY + [w for pair in UNITS for w in pair]
-    probe = np.random.default_rng(12345)
-    sources += [sentence(probe) for _ in range(20000)]
+    sources += _probe_sentences()
     for text in sources:
         words.update(_words(text))
     return words
@@ -619,9 +625,7 @@ def _spellings() -> dict[str, str]:
     """Each grammar word (lower case, hyphenated numbers split) and how the grammar writes it inside
     a sentence: 'madrid' -> 'Madrid', 'i' -> 'I', 'lovely' -> 'lovely'."""
     seen: dict[str, dict[str, int]] = {}
-    probe = np.random.default_rng(12345)
-    texts = [sentence(probe) for _ in range(20000)] + EVERYDAY
-    for text in texts:
+    for text in _probe_sentences() + tuple(EVERYDAY):
         for k, token in enumerate(re.split(r"[\s-]+", text)):
             token = token.strip(",.?!;:")
             if token and k:  # a sentence's first word is capitalised whatever it is
