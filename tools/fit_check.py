@@ -37,20 +37,18 @@ def main(argv=None) -> None:
     import sentencepiece as spm
     from flax import serialization
     from needle.model.quantize import configure_deploy
-    from needle.model.whistle import Whistle, WhistleConfig
+    from needle.model.whistle import Whistle
 
     train = tdm.load_split(os.path.join(args.data, "train.jsonl"))
     val = tdm.load_split(os.path.join(args.data, "validation.jsonl"))
     proto = tdm.train_tokenizer([r["text"] for r in train[:6000]], 512, args.seed)
     sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
-    cfg = WhistleConfig(text=len(proto.pieces), languages=(tdm.LANGUAGE,), dim=128, kv_heads=1, qk_dim=32,
-                        v_dim=64, enc_layers=3, dec_layers=2, lanes=4, enc_lanes=4, sites=(1,), orders=(2, 3),
-                        slots=2048, stem=64, remat=False)
+    cfg = tdm.whistle_config(len(proto.pieces))
     configure_deploy(act_bits=8, kv_bits=8)
     model = Whistle(cfg)
 
     def ids(rows):
-        return [[cfg.bos, cfg.tag(tdm.LANGUAGE), *sp.encode(r["text"]), cfg.eos] for r in rows]
+        return tdm.transcript_ids(cfg, sp, rows)
 
     wav, lengths, tokens = tdm.arrays(train[:2], ids(train[:2]))
     params = model.init(jax.random.PRNGKey(args.seed), wav, lengths, tokens[:, :-1])["params"]

@@ -147,6 +147,21 @@ def arrays(rows, ids, samples=None, width=None):
     return wav, lengths, tokens
 
 
+def whistle_config(text: int, dim: int = 128, enc_layers: int = 3, dec_layers: int = 2):
+    """The demo Whistle's WhistleConfig: `text` tokenizer pieces, the given width and depths, the
+    rest fixed (one KV head, 4 lanes, an engram site on the last decoder layer, 2048 slots)."""
+    from needle.model.whistle import WhistleConfig
+
+    return WhistleConfig(text=text, languages=(LANGUAGE,), dim=dim, kv_heads=1, qk_dim=32, v_dim=64,
+                         enc_layers=enc_layers, dec_layers=dec_layers, lanes=4, enc_lanes=4,
+                         sites=(dec_layers - 1,), orders=(2, 3), slots=2048, stem=64, remat=False)
+
+
+def transcript_ids(cfg, sp, rows) -> list[list[int]]:
+    """Each row's decoder sequence: <s>, the language tag, its text's pieces, </s>."""
+    return [[cfg.bos, cfg.tag(LANGUAGE), *sp.encode(r["text"]), cfg.eos] for r in rows]
+
+
 def ctc_fits(text, frames, pad: int):
     """(B,) bool: whether each row's labels (text, pad-filled) have a CTC path through its `frames`
     encoder frames: one frame per label and a blank between two equal labels. A clip too short for
@@ -350,7 +365,7 @@ def main(argv=None) -> None:
     from flax import serialization
     from needle.model.export import whistle_tokenizer_blob
     from needle.model.quantize import configure_deploy
-    from needle.model.whistle import Whistle, WhistleConfig
+    from needle.model.whistle import Whistle
     import sentencepiece as spm
 
     jax.config.update("jax_compilation_cache_dir", os.path.join(args.data, "jax-cache"))
@@ -384,11 +399,8 @@ def main(argv=None) -> None:
     proto = train_tokenizer([r["text"] for r in splits["train"][:args.tokenizer_clips]], args.vocab, args.seed)
     sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
     blob = whistle_tokenizer_blob(proto, (LANGUAGE,))
-    cfg = WhistleConfig(text=len(proto.pieces), languages=(LANGUAGE,), dim=args.dim, kv_heads=1, qk_dim=32,
-                        v_dim=64, enc_layers=args.enc_layers, dec_layers=args.dec_layers, lanes=4, enc_lanes=4,
-                        sites=(args.dec_layers - 1,), orders=(2, 3), slots=2048, stem=64, remat=False)
-    ids = {k: [[cfg.bos, cfg.tag(LANGUAGE), *sp.encode(r["text"]), cfg.eos] for r in rows]
-           for k, rows in splits.items()}
+    cfg = whistle_config(len(proto.pieces), args.dim, args.enc_layers, args.dec_layers)
+    ids = {k: transcript_ids(cfg, sp, rows) for k, rows in splits.items()}
     log(f"tokenizer {cfg.text} pieces + <|{LANGUAGE}|>; longest transcript {max(map(len, ids['train']))} tokens")
 
     configure_deploy(act_bits=8, kv_bits=8)
@@ -488,7 +500,7 @@ def main(argv=None) -> None:
         write_card(args.out, vocabulary, cfg, note)
         return info
 
-    train_ids = ids["train"] + [[cfg.bos, cfg.tag(LANGUAGE), *sp.encode(r["text"]), cfg.eos] for r in mixed]
+    train_ids = ids["train"] + transcript_ids(cfg, sp, mixed)
     if max(map(len, train_ids)) > cfg.max_tokens:
         raise SystemExit(f"a training transcript has {max(map(len, train_ids))} tokens, over {cfg.max_tokens}")
     first_stage = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
