@@ -357,6 +357,8 @@ def main(argv=None) -> None:
         ap.error(f"--perturb is a speed range from 0 to 0.5 (exclusive), got {args.perturb}")
     if not 0.0 <= args.prefix_share <= 1.0:
         ap.error(f"--prefix-share is a share from 0 to 1, got {args.prefix_share}")
+    # the first export comes after --export-every steps: a missing folder must not fail it there
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     t0 = time.time()
 
     import jax
