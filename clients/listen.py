@@ -364,7 +364,7 @@ async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
         if args.file:
             source = file_blocks(args.file, args.speed)
         else:
-            device = int(args.device) if args.device and args.device.isdigit() else args.device
+            device = int(args.device) if args.device and args.device.isdecimal() else args.device
             sd = sounddevice or load_sounddevice()
             microphone_rate(sd, device)   # fail before connecting when there is no microphone
             source = microphone_blocks(sd, device)

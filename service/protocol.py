@@ -314,7 +314,7 @@ def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:
     sample_rate = 16000
     if "sample_rate" in one:
         raw = one["sample_rate"]
-        if not raw.isdigit() or not MIN_SAMPLE_RATE <= int(raw) <= MAX_SAMPLE_RATE:
+        if not raw.isdecimal() or not MIN_SAMPLE_RATE <= int(raw) <= MAX_SAMPLE_RATE:  # isdigit() passes "²"
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"sample_rate must be an integer from "
                                 f"{MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} Hz, got {raw[:20]!r}")
         sample_rate = int(raw)

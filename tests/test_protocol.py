@@ -160,6 +160,7 @@ def test_query_accepts_a_mapping_of_lists_and_auto_language():
     ("sample_rate=48001", E.BAD_REQUEST),
     ("sample_rate=16k", E.BAD_REQUEST),
     ("sample_rate=-16000", E.BAD_REQUEST),
+    ("sample_rate=16000%C2%B2", E.BAD_REQUEST),  # "16000²": str.isdigit() is True, int() refuses it
     ("sample_rate=", E.BAD_REQUEST),
     ("sample_rate=16000&sample_rate=8000", E.BAD_REQUEST),
     ("encoding=opus", E.UNSUPPORTED_ENCODING),
