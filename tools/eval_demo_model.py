@@ -1,0 +1,103 @@
+"""Score a candidate demo model with OUR engine on the held-out test clips (issue 6's measure).
+
+    .venv/bin/python tools/eval_demo_model.py work-data/run19/demo.cact [--clips 200] [--beams 1,5]
+
+Prints the WER for each beam count: overall, by held-out voice, and split into the clips of the
+grammar's fixed everyday sentences (a reserved one is never heard in training in any form) and the
+rest, so that runs are compared on what the issue measures rather than on validation loss. The
+clips are regenerated from their seed (`demo_data.test_clips`) and cached as one .npz under
+`--cache` (git-ignored work-data/ by default), so a second candidate is scored in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from tools import demo_data  # noqa: E402
+
+
+def cached_clips(n: int, seed: int, cache: str) -> list[tuple[np.ndarray, str]]:
+    """The first n test clips, from `cache` when it holds at least n of them for this seed."""
+    path = os.path.join(cache, f"test-clips-seed{seed}.npz")
+    if os.path.exists(path):
+        saved = np.load(path, allow_pickle=False)
+        texts, lengths = list(saved["texts"]), saved["lengths"]
+        if len(texts) >= n:
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            return [(saved["audio"][bounds[i]:bounds[i + 1]], str(texts[i])) for i in range(n)]
+    clips = demo_data.test_clips(n, seed)
+    os.makedirs(cache, exist_ok=True)
+    np.savez(path + ".tmp.npz", audio=np.concatenate([a for a, _ in clips]),
+             lengths=np.array([len(a) for a, _ in clips]), texts=np.array([t for _, t in clips]))
+    os.replace(path + ".tmp.npz", path)
+    return clips
+
+
+def voice_group(voice: str) -> str:
+    """The held-out variant a test voice is built on: '+f4', '+m6' or the flite voice."""
+    return "+" + voice.rsplit("+", 1)[-1] if "+" in voice else voice.split("/", 1)[-1]
+
+
+def breakdown(items: list[dict], refs: list[str], hyps: list[str]) -> dict[str, tuple[int, int]]:
+    """{group: (word errors, reference words)} for 'all', each voice group, 'everyday' and 'other'."""
+    from harness.wer import edit_ops, normalise
+
+    everyday = set(demo_data.EVERYDAY)
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for item, ref, hyp in zip(items, refs, hyps):
+        r, h = normalise(ref), normalise(hyp)
+        errors = sum(edit_ops(r, h))
+        for group in ("all", voice_group(item["voice"]), "everyday" if ref in everyday else "other"):
+            out[group][0] += errors
+            out[group][1] += len(r)
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cact", help="the candidate .cact")
+    ap.add_argument("--clips", type=int, default=200, help="held-out test clips (the test uses 200)")
+    ap.add_argument("--beams", default="1,5", help="comma-separated beam counts")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", default=str(ROOT / "work-data" / "eval"))
+    ap.add_argument("--show", type=int, default=0, help="print the first N wrong transcripts")
+    args = ap.parse_args(argv)
+    try:
+        beams = [int(b) for b in args.beams.split(",")]
+    except ValueError:
+        ap.error(f"--beams is a comma-separated list of integers, got {args.beams!r}")
+    if not 1 <= args.clips <= 300:
+        ap.error(f"--clips is 1 to 300 (the test split), got {args.clips}")
+
+    from harness.wer import normalise
+    from whistle_stream import Whistle
+
+    model = Whistle(args.cact)
+    items = demo_data.test_items(args.clips, args.seed)
+    clips = cached_clips(args.clips, args.seed, args.cache)
+    refs = [text for _, text in clips]
+    for b in beams:
+        t0 = time.time()
+        hyps = [model.transcribe(audio, beams=b)["text"] for audio, _ in clips]
+        table = breakdown(items, refs, hyps)
+        parts = "  ".join(f"{k} {e / max(n, 1):.2%} ({e}/{n})" for k, (e, n) in sorted(table.items()) if k != "all")
+        e, n = table["all"]
+        print(f"beams {b}: WER {e / n:.2%} ({e}/{n} words, {len(clips)} clips, {time.time() - t0:.0f} s)  {parts}")
+        wrong = [(r, h) for r, h in zip(refs, hyps) if normalise(r) != normalise(h)]
+        for r, h in wrong[:args.show]:
+            print(f"    {r!r} -> {h!r}")
+
+
+if __name__ == "__main__":
+    main()
