@@ -1,5 +1,6 @@
 """The demo model's synthetic data: grammar size, determinism, held-out splits, augmentation."""
 
+import json
 import os
 import shutil
 import sys
@@ -292,6 +293,31 @@ def test_a_spliced_clip_says_its_sentence_one_word_at_a_time():
     assert all(e > s for s, e in spans)
     seconds = len(audio) / demo_data.RATE
     assert speech + 0.05 * (len(words) - 1) + 0.2 - 0.01 <= seconds <= speech + 0.7 * (len(words) - 1) + 1.6 + 0.01
+    # where each word sits in the clip: its own length, 0.05-0.7 s after the previous one, after
+    # 0.1-0.8 s of lead, and the same clip as without asking
+    placed: list = []
+    with_spans, _ = demo_data.make_mixed_clip(item, placed)
+    np.testing.assert_array_equal(with_spans, audio)
+    assert [b - a for a, b in placed] == [e - s for s, e in spans]
+    assert 0.1 * demo_data.RATE - 1 <= placed[0][0] <= 0.8 * demo_data.RATE
+    gaps = [(c - b) / demo_data.RATE for (_, b), (c, _) in zip(placed, placed[1:])]
+    assert all(0.05 - 1e-3 <= g <= 0.7 for g in gaps), gaps
+    assert placed[-1][1] + 0.1 * demo_data.RATE - 1 <= len(audio)
+
+
+@needs_tts
+def test_a_spliced_clips_manifest_row_holds_its_word_spans(tmp_path):
+    """write_split keeps each spliced clip's word spans next to it (and makes them for a clip
+    synthesised before spans were kept), so training can read where the words are."""
+    items = demo_data.spliced_items(3, seed=0)
+    rows = [json.loads(line) for line in open(demo_data.write_split(items, str(tmp_path), "spliced", workers=1))]
+    for item, row in zip(items, rows):
+        placed: list = []
+        audio, _ = demo_data.make_mixed_clip(item, placed)
+        assert row["words"] == [list(p) for p in placed] and len(placed) == len(row["text"].split())
+    (tmp_path / "spliced" / "000000.words.json").unlink()
+    again = [json.loads(line) for line in open(demo_data.write_split(items, str(tmp_path), "spliced", workers=1))]
+    assert again == rows
 
 
 def test_scrambled_specs_are_seeded_prefix_stable_and_held_out():

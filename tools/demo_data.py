@@ -675,8 +675,12 @@ def _prefix_text(words: list[str]) -> str:
     return " ".join(words).rstrip(",;:")
 
 
-def make_mixed_clip(item: dict) -> tuple[np.ndarray, str]:
-    """(augmented float32 16 kHz audio, transcript) for a mixed_items() spec."""
+def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, str]:
+    """(augmented float32 16 kHz audio, transcript) for a mixed_items() spec.
+
+    If spans is a list and the spec is "spliced", each whitespace word's [first, last + 1) sample
+    in the returned audio is appended to it: where each separately synthesised word sits, which
+    the training's alignment term (train_demo_model.py --align) teaches cross-attention to follow."""
     rng = np.random.default_rng(int(item["seed"]))
     if item["kind"] == "prefix":
         name = item["voice"].partition("/")[2]
@@ -691,14 +695,22 @@ def make_mixed_clip(item: dict) -> tuple[np.ndarray, str]:
         return augment(audio.astype(np.float32), rng, trailing=False), _prefix_text(words[:keep])
     if item["kind"] == "spliced":
         voice_seed = int(rng.integers(2 ** 31))  # one speed and pitch for every word of the clip
-        pieces = []
+        pieces, placed, at = [], [], 0
         for k, word in enumerate(item["source"].split()):
             speech = synthesize(word, item["voice"], np.random.default_rng(voice_seed))
             first, last = speech_span(speech)
             if k:
                 pieces.append(np.zeros(int(rng.uniform(0.05, 0.7) * RATE), np.float32))
+                at += len(pieces[-1])
             pieces.append(speech[first:last])
-        return augment(np.concatenate(pieces), rng), item["source"]
+            placed.append((at, at + last - first))
+            at += last - first
+        drawn: dict = {}
+        audio = augment(np.concatenate(pieces), rng, record=drawn)
+        if spans is not None:
+            lead = int(drawn["lead"] * RATE)  # augment's leading silence, as it cuts it
+            spans += [(lead + a, lead + b) for a, b in placed]
+        return audio, item["source"]
     pieces, texts, total = [], [], 0
     for k, part in enumerate(item["parts"]):
         speech = synthesize(part, item["voice"], rng)
@@ -717,11 +729,20 @@ def make_mixed_clip(item: dict) -> tuple[np.ndarray, str]:
 def _write_one(args) -> dict:
     item, path = args
     sidecar = path[:-4] + ".txt"  # a mixed clip's transcript, known only once it is synthesised
+    timed = path[:-4] + ".words.json"  # a spliced clip's word spans (samples)
+    spliced = item.get("kind") == "spliced"
+    if spliced and os.path.exists(path) and not os.path.exists(timed):
+        os.remove(path)  # synthesised before spans were kept: the clip is a pure function of its spec
     if not os.path.exists(path):
         if "kind" in item:
-            audio, text = make_mixed_clip(item)
+            spans: list = []
+            audio, text = make_mixed_clip(item, spans)
             with open(sidecar, "w") as f:
                 f.write(text)
+            if spliced:
+                with open(timed + ".tmp", "w") as f:
+                    json.dump(spans, f)
+                os.replace(timed + ".tmp", timed)
         else:
             audio = make_clip(item["text"], item["voice"], item["seed"])
         pcm = np.clip(np.round(audio * 32767), -32768, 32767).astype("<i2")
@@ -733,6 +754,9 @@ def _write_one(args) -> dict:
     if "kind" in item:
         with open(sidecar) as f:
             item = {**item, "text": f.read()}
+    if spliced:
+        with open(timed) as f:
+            item = {**item, "words": json.load(f)}
     with wave.open(path, "rb") as w:
         seconds = w.getnframes() / RATE
     return {**item, "audio": os.path.abspath(path), "seconds": round(seconds, 3)}

@@ -75,6 +75,7 @@ class Batches:
 
     def __init__(self, rows, ids, rng, fixed_width: int | None = None, perturb: float = 0.0):
         self.rows, self.ids, self.rng, self.fixed_width, self.perturb = rows, ids, rng, fixed_width, perturb
+        self.with_spans = False  # also yield alignment_spans (train with --align)
         order = np.argsort([len(r["pcm"]) for r in rows], kind="stable")
         self.fixed = [order[i:i + 16] for i in range(0, len(order), 16)]
         self.members: dict[int, list[int]] = {}
@@ -93,7 +94,7 @@ class Batches:
         if self.fixed_width:
             for g in self.rng.permutation(len(self.fixed)):
                 idx = self.fixed[g]
-                yield arrays(self.perturbed(idx), [self.ids[i] for i in idx], width=self.fixed_width)
+                yield self._batch(self.perturbed(idx), idx, None, self.fixed_width)
             return
         groups = []
         for b, members in sorted(self.members.items()):
@@ -102,7 +103,14 @@ class Batches:
             groups += [(b, order[i:i + size]) for i in range(0, len(order) - size + 1, size)]
         for g in self.rng.permutation(len(groups)):
             b, idx = groups[g]
-            yield arrays(self.perturbed(idx, b), [self.ids[i] for i in idx], b, self.widths[b])
+            yield self._batch(self.perturbed(idx, b), idx, b, self.widths[b])
+
+    def _batch(self, rows, idx, samples, width):
+        ids = [self.ids[i] for i in idx]
+        wav, lengths, tokens = arrays(rows, ids, samples, width)
+        if not self.with_spans:
+            return wav, lengths, tokens
+        return wav, lengths, tokens, alignment_spans(rows, tokens.shape[1], wav.shape[1])
 
     def perturbed(self, idx, samples: int | None = None) -> list[dict]:
         """The rows idx, each (with --perturb P) played at a random speed in [1 - P, 1 + P]: tempo,
@@ -122,7 +130,10 @@ class Batches:
             pcm = soxr.resample(row["pcm"].astype(np.float32), demo_data.RATE * speed, demo_data.RATE)
             if samples:
                 pcm = pcm[:samples]
-            out.append({**row, "pcm": np.clip(np.round(pcm), -32768, 32767).astype(np.int16)})
+            moved = {"pcm": np.clip(np.round(pcm), -32768, 32767).astype(np.int16)}
+            if "words" in row:  # a sample at t is now at t / speed
+                moved["words"] = [[int(round(a / speed)), int(round(b / speed))] for a, b in row["words"]]
+            out.append({**row, **moved})
         return out
 
 
@@ -147,14 +158,105 @@ def arrays(rows, ids, samples=None, width=None):
     return wav, lengths, tokens
 
 
-def whistle_config(text: int, dim: int = 128, enc_layers: int = 3, dec_layers: int = 2):
+FRAME_SAMPLES = 1280  # one encoder frame: 80 ms at 16 kHz
+
+
+def token_words(sp, text: str) -> list[int] | None:
+    """The whitespace word of `text` that each of its pieces belongs to (a piece that begins with
+    sentencepiece's space marker starts the next word), or None where that does not give one piece
+    run per word."""
+    owner, word = [], -1
+    for i in sp.encode(text):
+        if word < 0 or sp.id_to_piece(i).startswith("\u2581"):
+            word += 1
+        owner.append(word)
+    return owner if word + 1 == len(text.split()) else None
+
+
+def alignment_spans(rows, width: int, samples: int) -> np.ndarray:
+    """(B, width - 1, 2) int32: for decoder row p (the query that predicts token p + 1 of
+    [<s>, tag, text..., </s>]), the encoder frames [first, last + 1) of the word that token p + 1
+    belongs to, from the row's "words" (sample spans) and "token_words"; (0, 0) where unknown. Rows
+    without word spans (everything but spliced clips) get none."""
+    out = np.zeros((len(rows), width - 1, 2), np.int32)
+    frames = -(-samples // FRAME_SAMPLES)
+    for k, row in enumerate(rows):
+        words, owner = row.get("words"), row.get("token_words")
+        if not words or owner is None or len(owner) + 2 > width:
+            continue
+        for j, w in enumerate(owner):  # token 2 + j, predicted by row 1 + j
+            a, b = words[w]
+            first, end = min(a // FRAME_SAMPLES, frames), min(-(-b // FRAME_SAMPLES), frames)
+            if end > first:
+                out[k, 1 + j] = first, end
+    return out
+
+
+def alignment_loss(weights, spans, lengths):
+    """Mean over the rows with a span, the upper half of the decoder's layers and every head of
+    -log(the attention mass on the span's frames): what teaches cross-attention to follow the words,
+    as §8's word times read it.
+
+    weights: (layers, B, heads, rows, frames) cross-attention probabilities; spans: (B, rows, 2)
+    frame ranges from alignment_spans; lengths: (B,) encoder frames (a span is clipped to them)."""
+    import jax.numpy as jnp
+
+    upper = weights[weights.shape[0] // 2:]
+    t = jnp.arange(weights.shape[-1])
+    end = jnp.minimum(spans[..., 1], lengths[:, None])
+    inside = (t >= spans[..., :1]) & (t < end[..., None])  # (B, rows, frames)
+    valid = (end > spans[..., 0]).astype(jnp.float32)  # (B, rows)
+    mass = (upper * inside[None, :, None].astype(upper.dtype)).sum(-1)  # (L', B, H, rows)
+    nll = -jnp.log(mass + 1e-6) * valid[None, :, None]
+    return nll.sum() / jnp.maximum(valid.sum() * upper.shape[0] * upper.shape[2], 1.0)
+
+
+def sow_cross_attention() -> None:
+    """Make the reference's cross-attention record its probabilities in the "intermediates"
+    collection ((layers, B, heads, rows, frames), stacked by the decoder's layer scan), for
+    --align. Needs the config's flash=False, whose path computes the probabilities."""
+    import math
+
+    import flax.linen as linen
+    import jax
+    import jax.numpy as jnp
+    from flax.linen import module as flax_module
+    import needle.model.whistle as whistle
+
+    if getattr(whistle, "_demo_sown", False):
+        return
+
+    def cross_attend(q, k, v, mem_mask):  # the reference's non-flash cross-attention, recorded
+        s = jnp.einsum("bshd,bthd->bhst", q.astype(jnp.float32), k.astype(jnp.float32)) / math.sqrt(q.shape[-1])
+        s = jnp.where(mem_mask[:, None, None, :], s, jnp.finfo(jnp.float32).min)
+        p = jax.nn.softmax(s, -1)
+        flax_module._context.module_stack[-1].sow("intermediates", "cross_weights", p)
+        return jnp.einsum("bhst,bthd->bshd", p, v.astype(jnp.float32)).astype(v.dtype)
+
+    class Linen:  # flax.linen, with the layer scans also stacking "intermediates"
+        def __getattr__(self, name):
+            return getattr(linen, name)
+
+        @staticmethod
+        def scan(target, variable_axes, **options):
+            return linen.scan(target, variable_axes={**variable_axes, "intermediates": 0}, **options)
+
+    whistle._cross_attend, whistle.nn, whistle._demo_sown = cross_attend, Linen(), True
+
+
+def cross_weights(state) -> "jax.Array":
+    """The decoder's recorded cross-attention probabilities from apply(..., mutable=["intermediates"])."""
+    return state["intermediates"]["stack"]["layers"]["block"]["cross_attn"]["cross_weights"][0]
+
+
+def whistle_config(text: int, dim: int = 128, enc_layers: int = 3, dec_layers: int = 2, flash: bool = True):
     """The demo Whistle's WhistleConfig: `text` tokenizer pieces, the given width and depths, the
     rest fixed (one KV head, 4 lanes, an engram site on the last decoder layer, 2048 slots)."""
     from needle.model.whistle import WhistleConfig
 
     return WhistleConfig(text=text, languages=(LANGUAGE,), dim=dim, kv_heads=1, qk_dim=32, v_dim=64,
                          enc_layers=enc_layers, dec_layers=dec_layers, lanes=4, enc_lanes=4,
-                         sites=(dec_layers - 1,), orders=(2, 3), slots=2048, stem=64, remat=False)
+                         sites=(dec_layers - 1,), orders=(2, 3), slots=2048, stem=64, remat=False, flash=flash)
 
 
 def transcript_ids(cfg, sp, rows) -> list[list[int]]:
@@ -330,6 +432,10 @@ def main(argv=None) -> None:
     ap.add_argument("--score", type=int, default=0, help="score only the first N test clips (0: all)")
     ap.add_argument("--ctc", type=float, default=0.3,
                     help="weight of an auxiliary CTC loss on the encoder output (training only; 0: off)")
+    ap.add_argument("--align", type=float, default=0.0,
+                    help="weight of an alignment term: on clips whose word spans are known (--spliced), the "
+                         "upper decoder layers' cross-attention for each token is asked to lie on its word's "
+                         "frames, so that word times (guide §8) follow the words (training only; 0: off)")
     ap.add_argument("--mix", type=int, default=0,
                     help="extra training clips from demo_data.mixed_items: sentence prefixes, 2-4 sentences, 14-27 s")
     ap.add_argument("--prefix-share", type=float, default=0.30,
@@ -355,6 +461,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if not 0.0 <= args.perturb < 0.5:
         ap.error(f"--perturb is a speed range from 0 to 0.5 (exclusive), got {args.perturb}")
+    if args.align < 0:
+        ap.error(f"--align is a non-negative weight, got {args.align}")
     if not 0.0 <= args.prefix_share <= 1.0:
         ap.error(f"--prefix-share is a share from 0 to 1, got {args.prefix_share}")
     # the first export comes after --export-every steps: a missing folder must not fail it there
@@ -401,7 +509,16 @@ def main(argv=None) -> None:
     proto = train_tokenizer([r["text"] for r in splits["train"][:args.tokenizer_clips]], args.vocab, args.seed)
     sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
     blob = whistle_tokenizer_blob(proto, (LANGUAGE,))
-    cfg = whistle_config(len(proto.pieces), args.dim, args.enc_layers, args.dec_layers)
+    cfg = whistle_config(len(proto.pieces), args.dim, args.enc_layers, args.dec_layers, flash=not args.align)
+    if args.align:
+        sow_cross_attention()
+        for row in mixed:
+            if "words" in row:
+                row["token_words"] = token_words(sp, row["text"])
+        timed = sum(row.get("token_words") is not None for row in mixed)
+        log(f"alignment term {args.align} on {timed} clips with word spans")
+        if not timed:
+            raise SystemExit("--align needs clips with word spans: add --spliced N")
     ids = {k: transcript_ids(cfg, sp, rows) for k, rows in splits.items()}
     log(f"tokenizer {cfg.text} pieces + <|{LANGUAGE}|>; longest transcript {max(map(len, ids['train']))} tokens")
 
@@ -421,12 +538,20 @@ def main(argv=None) -> None:
         f"sites {cfg.sites} slots {cfg.slots} stem {cfg.stem}: {count / 1e6:.2f} M params; "
         f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8; CTC weight {args.ctc}")
 
-    def attention_loss(p, enc, frames, tokens):
-        logits = model.apply({"params": p}, tokens[:, :-1], enc, frames, True, method=Whistle.logits)
+    def attention_loss(p, enc, frames, tokens, spans=None):
+        """The decoder's masked cross entropy; with spans, plus args.align x alignment_loss."""
+        if spans is None:
+            logits = model.apply({"params": p}, tokens[:, :-1], enc, frames, True, method=Whistle.logits)
+        else:
+            logits, state = model.apply({"params": p}, tokens[:, :-1], enc, frames, True,
+                                        method=Whistle.logits, mutable=["intermediates"])
         targets = tokens[:, 1:]
         mask = targets != cfg.pad
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+        loss = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+        if spans is not None:
+            loss = loss + args.align * alignment_loss(cross_weights(state), spans, frames)
+        return loss
 
     def encode(p, wav, lengths):
         return model.apply({"params": p}, wav, lengths, True, method=Whistle.encode)
@@ -437,7 +562,7 @@ def main(argv=None) -> None:
         enc, frames = encode(q, wav, lengths)
         return attention_loss(q, enc, frames, tokens)
 
-    def loss_fn(pair, wav, lengths, tokens):
+    def loss_fn(pair, wav, lengths, tokens, spans=None):
         """Cross entropy + args.ctc x CTC of a linear head on the encoder output over the text pieces.
 
         The CTC head (blank = the pad id 0, never a target) is a training aid only, as in joint
@@ -447,7 +572,7 @@ def main(argv=None) -> None:
         p, head = pair
         q = quantise(p, cq2, True)
         enc, frames = encode(q, wav, lengths)
-        loss = attention_loss(q, enc, frames, tokens)
+        loss = attention_loss(q, enc, frames, tokens, spans)
         if args.ctc > 0:
             text = tokens[:, 2:]  # after <s> and the language tag; </s> and pad dropped below
             text = jnp.where(text == cfg.eos, cfg.pad, text)
@@ -471,8 +596,8 @@ def main(argv=None) -> None:
         opt_state = serialization.from_bytes(opt_state, saved["opt"].tobytes())
 
     @jax.jit
-    def train_step(p, state, wav, lengths, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(p, wav, lengths, tokens)
+    def train_step(p, state, wav, lengths, tokens, spans=None):
+        loss, grads = jax.value_and_grad(loss_fn)(p, wav, lengths, tokens, spans)
         updates, state = optimizer.update(grads, state, p)
         return optax.apply_updates(p, updates), state, loss
 
@@ -508,11 +633,12 @@ def main(argv=None) -> None:
     first_stage = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
     batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(args.seed),
                       fixed_width=None if mixed else first_stage, perturb=args.perturb)
+    batches.with_spans = bool(args.align)
     step, recent, tick = start_step, [], time.time()
     log(f"training {args.steps} steps, {batches.count()} batches/epoch (compiling...)")
     while step < args.steps:
-        for wav, lengths, tokens in batches.epoch():
-            params, opt_state, loss = train_step(params, opt_state, wav, lengths, tokens)
+        for batch in batches.epoch():
+            params, opt_state, loss = train_step(params, opt_state, *batch)
             step += 1
             recent.append(float(loss))
             if step % 25 == 0:

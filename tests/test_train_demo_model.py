@@ -1,0 +1,132 @@
+"""The demo model's training script: the alignment term that teaches cross-attention to follow
+the words (tools/train_demo_model.py --align), on hand-built inputs and a tiny reference model."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools import train_demo_model as tdm  # noqa: E402
+
+FRAME = tdm.FRAME_SAMPLES
+
+
+class Pieces:
+    """A stand-in sentencepiece processor over fixed pieces."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def encode(self, text):
+        return list(range(len(self.pieces)))
+
+    def id_to_piece(self, i):
+        return self.pieces[i]
+
+
+def test_token_words_groups_pieces_at_the_space_marker():
+    sp = Pieces(["\u2581Set", "\u2581a", "\u2581tim", "er", "\u2581for", "\u2581ten", "."])
+    assert tdm.token_words(sp, "Set a timer for ten.") == [0, 1, 2, 2, 3, 4, 4]
+    # no marker on the first piece (no dummy prefix): it still starts word 0
+    assert tdm.token_words(Pieces(["Set", "\u2581a"]), "Set a") == [0, 1]
+    # pieces that do not split as the whitespace words do give no mapping
+    assert tdm.token_words(Pieces(["\u2581Seta"]), "Set a") is None
+
+
+def test_token_words_with_a_trained_tokenizer():
+    spm = pytest.importorskip("sentencepiece")
+    texts = ["Set a timer for ten minutes.", "Turn on the lights in the kitchen.", "Call my mother tomorrow."] * 20
+    sp = spm.SentencePieceProcessor(model_proto=tdm.train_tokenizer(texts, 300, 0).SerializeToString())
+    for text in texts[:3]:
+        owner = tdm.token_words(sp, text)
+        assert owner is not None and owner[0] == 0 and owner[-1] == len(text.split()) - 1
+        assert all(b - a in (0, 1) for a, b in zip(owner, owner[1:]))
+        pieces = [sp.id_to_piece(i) for i in sp.encode(text)]
+        for w, word in enumerate(text.split()):  # each word's pieces spell it
+            assert "".join(p for p, o in zip(pieces, owner) if o == w).lstrip("\u2581") == word
+
+
+def test_alignment_spans_put_each_tokens_word_on_the_row_that_predicts_it():
+    rows = [{"words": [[1000, 5000], [9000, 12800]], "token_words": [0, 1, 1]},  # 3 text tokens
+            {"pcm": None},  # no spans: unsupervised
+            {"words": [[0, 64000]], "token_words": [0]}]  # runs past the padded length: clipped
+    spans = tdm.alignment_spans(rows, width=8, samples=48000)
+    assert spans.shape == (3, 7, 2) and spans.dtype == np.int32
+    # [<s>, tag, t0, t1, t2, </s>]: row 1 predicts t0, rows 2 and 3 predict t1 and t2
+    assert spans[0].tolist() == [[0, 0], [0, 4], [7, 10], [7, 10], [0, 0], [0, 0], [0, 0]]
+    assert not spans[1].any()
+    assert spans[2, 1].tolist() == [0, -(-48000 // FRAME)] and not spans[2, 2:].any()
+
+
+def _loss_twin(weights, spans, lengths):
+    """alignment_loss, one row at a time."""
+    layers, batch, heads, rows, _ = weights.shape
+    total, count = 0.0, 0
+    for b in range(batch):
+        for r in range(rows):
+            first, end = spans[b, r, 0], min(spans[b, r, 1], lengths[b])
+            if end <= first:
+                continue
+            for layer in range(layers // 2, layers):
+                for h in range(heads):
+                    total += -np.log(weights[layer, b, h, r, first:end].sum() + 1e-6)
+                    count += 1
+    return total / max(count, 1)
+
+
+def test_alignment_loss_matches_its_numpy_twin():
+    pytest.importorskip("jax")
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((4, 2, 3, 6, 10))
+    weights = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    spans = np.array([[[0, 0], [1, 4], [3, 6], [0, 0], [8, 12], [2, 3]],
+                      [[0, 2], [0, 0], [5, 9], [9, 10], [0, 0], [0, 0]]], np.int32)
+    lengths = np.array([10, 9], np.int32)  # row 1's [9, 10) falls past its frames: left out
+    got = float(tdm.alignment_loss(weights.astype(np.float32), spans, lengths))
+    assert got == pytest.approx(_loss_twin(weights, spans, lengths), rel=1e-5)
+    # all the mass on the spans: zero; none of it: large
+    on = np.zeros_like(weights, dtype=np.float32)
+    on[..., 0] = 1.0
+    assert float(tdm.alignment_loss(on, np.array([[[0, 1]] * 6] * 2, np.int32), lengths)) == pytest.approx(0, abs=1e-5)
+    assert float(tdm.alignment_loss(on, np.array([[[1, 3]] * 6] * 2, np.int32), lengths)) > 13
+
+
+def test_speed_perturbation_moves_the_word_spans_with_the_audio():
+    rng = np.random.default_rng(0)
+    rows = [{"pcm": (rng.standard_normal(32000) * 3000).astype(np.int16), "words": [[8000, 16000], [20000, 30000]]}]
+    batches = tdm.Batches(rows, [[2, 512, 5, 6, 1]], np.random.default_rng(1), perturb=0.2)
+    out = batches.perturbed([0], 48000)[0]
+    speed = len(rows[0]["pcm"]) / len(out["pcm"])
+    for (a, b), (c, d) in zip(rows[0]["words"], out["words"]):
+        assert abs(c - a / speed) <= 2 and abs(d - b / speed) <= 2
+
+
+def test_sown_cross_attention_leaves_the_model_as_it_was_and_records_its_weights(monkeypatch):
+    jax = pytest.importorskip("jax")
+    whistle = pytest.importorskip("needle.model.whistle")
+    from needle.model.whistle import Whistle
+
+    for name in ("_cross_attend", "nn", "_demo_sown"):  # undone after the test
+        monkeypatch.setattr(whistle, name, getattr(whistle, name, False), raising=False)
+
+    cfg = tdm.whistle_config(64, dim=64, enc_layers=2, dec_layers=2, flash=False)
+    model = Whistle(cfg)
+    rng = np.random.default_rng(0)
+    wav = (rng.standard_normal((2, 16000)) * 0.1).astype(np.float32)
+    lengths = np.array([16000, 12000], np.int32)
+    tokens = np.array([[2, 64, 5, 6, 7, 1], [2, 64, 8, 9, 1, 0]], np.int32)
+    params = model.init(jax.random.PRNGKey(0), wav, lengths, tokens)["params"]
+    before = np.asarray(model.apply({"params": params}, wav, lengths, tokens))
+    tdm.sow_cross_attention()
+    tdm.sow_cross_attention()  # installing twice is harmless
+    after, state = model.apply({"params": params}, wav, lengths, tokens, mutable=["intermediates"])
+    np.testing.assert_array_equal(np.asarray(after), before)
+    w = np.asarray(tdm.cross_weights(state))
+    frames = 14  # 1 s -> 12.5 frames, padded to an even count
+    assert w.shape == (cfg.dec_layers, 2, cfg.heads, tokens.shape[1], frames)
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+    assert np.all(w[:, 1, :, :, -(-12000 // FRAME):] < 1e-6)  # nothing on clip 2's padding
+    # and without asking for the collection nothing changes either
+    np.testing.assert_array_equal(np.asarray(model.apply({"params": params}, wav, lengths, tokens)), before)
