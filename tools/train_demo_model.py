@@ -244,7 +244,7 @@ def sow_cross_attention() -> None:
     whistle._cross_attend, whistle.nn, whistle._demo_sown = cross_attend, Linen(), True
 
 
-def cross_weights(state) -> "jax.Array":
+def cross_weights(state):
     """The decoder's recorded cross-attention probabilities from apply(..., mutable=["intermediates"])."""
     return state["intermediates"]["stack"]["layers"]["block"]["cross_attn"]["cross_weights"][0]
 
@@ -539,7 +539,8 @@ def main(argv=None) -> None:
         f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8; CTC weight {args.ctc}")
 
     def attention_loss(p, enc, frames, tokens, spans=None):
-        """The decoder's masked cross entropy; with spans, plus args.align x alignment_loss."""
+        """(the decoder's masked cross entropy, with spans plus args.align x the alignment term;
+        the alignment term, 0 without spans)."""
         if spans is None:
             logits = model.apply({"params": p}, tokens[:, :-1], enc, frames, True, method=Whistle.logits)
         else:
@@ -549,9 +550,10 @@ def main(argv=None) -> None:
         mask = targets != cfg.pad
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
         loss = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
-        if spans is not None:
-            loss = loss + args.align * alignment_loss(cross_weights(state), spans, frames)
-        return loss
+        if spans is None:
+            return loss, jnp.float32(0.0)
+        align = alignment_loss(cross_weights(state), spans, frames)
+        return loss + args.align * align, align
 
     def encode(p, wav, lengths):
         return model.apply({"params": p}, wav, lengths, True, method=Whistle.encode)
@@ -560,7 +562,7 @@ def main(argv=None) -> None:
         """The decoder's cross entropy (what validation reports): p are the model's params alone."""
         q = quantise(p, cq2, True)
         enc, frames = encode(q, wav, lengths)
-        return attention_loss(q, enc, frames, tokens)
+        return attention_loss(q, enc, frames, tokens)[0]
 
     def loss_fn(pair, wav, lengths, tokens, spans=None):
         """Cross entropy + args.ctc x CTC of a linear head on the encoder output over the text pieces.
@@ -572,7 +574,7 @@ def main(argv=None) -> None:
         p, head = pair
         q = quantise(p, cq2, True)
         enc, frames = encode(q, wav, lengths)
-        loss = attention_loss(q, enc, frames, tokens, spans)
+        loss, align = attention_loss(q, enc, frames, tokens, spans)
         if args.ctc > 0:
             text = tokens[:, 2:]  # after <s> and the language tag; </s> and pad dropped below
             text = jnp.where(text == cfg.eos, cfg.pad, text)
@@ -582,7 +584,7 @@ def main(argv=None) -> None:
             fits = ctc_fits(text, frames, cfg.pad)  # the others keep their cross entropy only
             n = jnp.maximum(((text != cfg.pad) * fits[:, None]).sum(), 1.0)
             loss = loss + args.ctc * jnp.where(fits, ctc, 0.0).sum() / n
-        return loss
+        return loss, align
 
     warmup = max(1, args.steps // 20)
     schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, end_value=args.lr * 0.02)
@@ -597,9 +599,9 @@ def main(argv=None) -> None:
 
     @jax.jit
     def train_step(p, state, wav, lengths, tokens, spans=None):
-        loss, grads = jax.value_and_grad(loss_fn)(p, wav, lengths, tokens, spans)
+        (loss, align), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, wav, lengths, tokens, spans)
         updates, state = optimizer.update(grads, state, p)
-        return optax.apply_updates(p, updates), state, loss
+        return optax.apply_updates(p, updates), state, loss, align
 
     eval_loss = jax.jit(ce_loss)
 
@@ -634,17 +636,20 @@ def main(argv=None) -> None:
     batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(args.seed),
                       fixed_width=None if mixed else first_stage, perturb=args.perturb)
     batches.with_spans = bool(args.align)
-    step, recent, tick = start_step, [], time.time()
+    step, recent, aligned, tick = start_step, [], [], time.time()
     log(f"training {args.steps} steps, {batches.count()} batches/epoch (compiling...)")
     while step < args.steps:
         for batch in batches.epoch():
-            params, opt_state, loss = train_step(params, opt_state, *batch)
+            params, opt_state, loss, align = train_step(params, opt_state, *batch)
             step += 1
             recent.append(float(loss))
+            if len(batch) > 3 and batch[3][..., 1].any():  # the alignment term of batches with spans
+                aligned.append(float(align))
             if step % 25 == 0:
-                log(f"step {step}/{args.steps} loss {np.mean(recent):.4f} lr {float(schedule(step)):.2e} "
+                extra = f" align {np.mean(aligned):.3f} ({len(aligned)} batches)" if aligned else ""
+                log(f"step {step}/{args.steps} loss {np.mean(recent):.4f}{extra} lr {float(schedule(step)):.2e} "
                     f"{(time.time() - tick) / len(recent):.2f} s/step")
-                recent, tick = [], time.time()
+                recent, aligned, tick = [], [], time.time()
             if step % args.export_every == 0 or step == args.steps:
                 val, deaf = validate(params[0]), validate(params[0], shuffle=True)
                 note = f"Step {step}, validation loss {val:.3f}."
