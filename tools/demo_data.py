@@ -766,8 +766,11 @@ def write_split(items: list[dict], folder: str, name: str, workers: int = 2) -> 
     """Synthesise items into folder/name/NNNNNN.wav and write folder/name.jsonl; returns its path."""
     os.makedirs(os.path.join(folder, name), exist_ok=True)
     jobs = [(it, os.path.join(folder, name, f"{i:06d}.wav")) for i, it in enumerate(items)]
-    with ProcessPoolExecutor(workers) as pool:
-        rows = list(pool.map(_write_one, jobs, chunksize=16))
+    if workers <= 1:  # in this process: no fork (a test process may hold JAX's threads)
+        rows = [_write_one(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            rows = list(pool.map(_write_one, jobs, chunksize=16))
     manifest = os.path.join(folder, name + ".jsonl")
     with open(manifest + ".tmp", "w") as f:
         for row in rows:
