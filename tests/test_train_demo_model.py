@@ -130,3 +130,18 @@ def test_sown_cross_attention_leaves_the_model_as_it_was_and_records_its_weights
     assert np.all(w[:, 1, :, :, -(-12000 // FRAME):] < 1e-6)  # nothing on clip 2's padding
     # and without asking for the collection nothing changes either
     np.testing.assert_array_equal(np.asarray(model.apply({"params": params}, wav, lengths, tokens)), before)
+
+
+def test_token_width_rounds_the_longest_sequence_up():
+    assert tdm.token_width([[1] * 3, [1] * 9]) == 16
+    assert tdm.token_width([[1] * 8]) == 8
+
+
+def test_masked_cross_entropy_matches_its_numpy_twin():
+    pytest.importorskip("optax")
+    rng = np.random.default_rng(0)
+    tokens = np.array([[2, 9, 5, 6, 1, 0], [2, 9, 7, 1, 0, 0]], np.int32)
+    logits = rng.standard_normal((2, 5, 12)).astype(np.float32)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    picked = [-logp[b, t, tokens[b, t + 1]] for b in range(2) for t in range(5) if tokens[b, t + 1] != 0]
+    assert float(tdm.masked_cross_entropy(logits, tokens, 0)) == pytest.approx(np.mean(picked), rel=1e-5)

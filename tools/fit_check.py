@@ -33,7 +33,6 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     import jax
-    import optax
     import sentencepiece as spm
     from flax import serialization
     from needle.model.quantize import configure_deploy
@@ -59,12 +58,10 @@ def main(argv=None) -> None:
     def cross_entropy(q, wav, lengths, tokens):
         enc, frames = model.apply({"params": q}, wav, lengths, True, method=Whistle.encode)
         logits = model.apply({"params": q}, tokens[:, :-1], enc, frames, True, method=Whistle.logits)
-        targets = tokens[:, 1:]
-        mask = targets != cfg.pad
-        return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * mask).sum() / mask.sum()
+        return tdm.masked_cross_entropy(logits, tokens, cfg.pad)
 
     samples = tdm.bucket(max(len(r["pcm"]) for r in val))  # one shape for all three sets: one compile
-    width = -(-max(len(t) for t in ids(val)) // tdm.TOKEN_ROUND) * tdm.TOKEN_ROUND
+    width = tdm.token_width(ids(val))
 
     def score(rows):
         t = ids(rows)

@@ -73,16 +73,16 @@ class Batches:
     by length in fixed groups of 16, each epoch the groups shuffled, every token row fixed_width wide.
     """
 
-    def __init__(self, rows, ids, rng, fixed_width: int | None = None, perturb: float = 0.0):
+    def __init__(self, rows, ids, rng, fixed_width: int | None = None, perturb: float = 0.0,
+                 with_spans: bool = False):
         self.rows, self.ids, self.rng, self.fixed_width, self.perturb = rows, ids, rng, fixed_width, perturb
-        self.with_spans = False  # also yield alignment_spans (train with --align)
+        self.with_spans = with_spans  # also yield alignment_spans (train with --align)
         order = np.argsort([len(r["pcm"]) for r in rows], kind="stable")
         self.fixed = [order[i:i + 16] for i in range(0, len(order), 16)]
         self.members: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
             self.members.setdefault(bucket(len(row["pcm"])), []).append(i)
-        self.widths = {b: -(-max(len(ids[i]) for i in m) // TOKEN_ROUND) * TOKEN_ROUND
-                       for b, m in self.members.items()}
+        self.widths = {b: token_width([ids[i] for i in m]) for b, m in self.members.items()}
         self.sizes = {int(sec * demo_data.RATE): size for sec, size in BUCKETS}
 
     def count(self) -> int:
@@ -145,10 +145,26 @@ def bucket(samples: int) -> int:
     return -(-samples // demo_data.RATE) * demo_data.RATE
 
 
+def token_width(ids) -> int:
+    """The token row width for these decoder sequences: the longest, rounded up to TOKEN_ROUND."""
+    return -(-max(len(t) for t in ids) // TOKEN_ROUND) * TOKEN_ROUND
+
+
+def masked_cross_entropy(logits, tokens, pad: int):
+    """The decoder's cross entropy on tokens[:, 1:] from logits of tokens[:, :-1], pad rows left out."""
+    import jax.numpy as jnp
+    import optax
+
+    targets = tokens[:, 1:]
+    mask = targets != pad
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
 def arrays(rows, ids, samples=None, width=None):
     """(wav float32 (B, S), lengths int32 (B,), tokens int32 (B, T)) padded with zeros / pad id."""
     samples = samples or bucket(max(len(r["pcm"]) for r in rows))
-    width = width or -(-max(len(t) for t in ids) // TOKEN_ROUND) * TOKEN_ROUND
+    width = width or token_width(ids)
     wav = np.zeros((len(rows), samples), np.float32)
     lengths = np.zeros(len(rows), np.int32)
     tokens = np.zeros((len(rows), width), np.int32)
@@ -546,10 +562,7 @@ def main(argv=None) -> None:
         else:
             logits, state = model.apply({"params": p}, tokens[:, :-1], enc, frames, True,
                                         method=Whistle.logits, mutable=["intermediates"])
-        targets = tokens[:, 1:]
-        mask = targets != cfg.pad
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        loss = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+        loss = masked_cross_entropy(logits, tokens, cfg.pad)
         if spans is None:
             return loss, jnp.float32(0.0)
         align = alignment_loss(cross_weights(state), spans, frames)
@@ -605,7 +618,7 @@ def main(argv=None) -> None:
 
     eval_loss = jax.jit(ce_loss)
 
-    width = -(-max(len(t) for t in ids["validation"]) // TOKEN_ROUND) * TOKEN_ROUND
+    width = token_width(ids["validation"])
     val_samples = bucket(max(len(r["pcm"]) for r in splits["validation"]))
 
     def validate(p, shuffle=False):  # the model's params; one shape for every batch: one compile
@@ -632,10 +645,10 @@ def main(argv=None) -> None:
     train_ids = ids["train"] + transcript_ids(cfg, sp, mixed)
     if max(map(len, train_ids)) > cfg.max_tokens:
         raise SystemExit(f"a training transcript has {max(map(len, train_ids))} tokens, over {cfg.max_tokens}")
-    first_stage = -(-max(len(t) for k in ids for t in ids[k]) // TOKEN_ROUND) * TOKEN_ROUND
+    first_stage = token_width([t for k in ids for t in ids[k]])
     batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(args.seed),
-                      fixed_width=None if mixed else first_stage, perturb=args.perturb)
-    batches.with_spans = bool(args.align)
+                      fixed_width=None if mixed else first_stage, perturb=args.perturb,
+                      with_spans=bool(args.align))
     step, recent, aligned, tick = start_step, [], [], time.time()
     log(f"training {args.steps} steps, {batches.count()} batches/epoch (compiling...)")
     while step < args.steps:
