@@ -55,6 +55,32 @@ def test_held_out_sentences_never_appear_in_training():
     assert held_out.isdisjoint(demo_data.train_sentences(6000, seed=0))
 
 
+def test_every_word_of_a_held_out_sentence_is_heard_in_training():
+    # Held-out sentences are new combinations of known words: a word that only the test pool says
+    # is one no model trained on this data can write (runs up to 19 held out "Pause the music.",
+    # a sentence the grammar stated once, and "pause" with it).
+    held_out = [it["text"] for it in demo_data.test_items(300, seed=0) + demo_data.validation_items(seed=0)]
+    heard = {w for text in demo_data.train_sentences(6000, seed=0) for w in demo_data._words(text)}
+    assert {w for text in held_out for w in demo_data._words(text)} <= heard
+
+
+def test_everyday_sentences_fill_their_slots_from_the_listed_options():
+    rng = np.random.default_rng(0)
+    said = {demo_data.everyday(rng) for _ in range(3000)}
+    every = demo_data.everyday_sentences()
+    assert said == every  # 3000 draws reach all 241 sentences
+    assert "Where are my keys?" in demo_data.EVERYDAY and "Where are my gloves?" in every
+    assert "Turn left at the next corner." in demo_data.EVERYDAY and "Turn right at the next junction." in every
+    assert all(form.count("{}") == len(slots) >= 1 for form, *slots in demo_data._EVERYDAY_FORMS)
+
+
+@pytest.mark.parametrize("text, lowered", [("The door is open", "the door is open"),
+                                           ("I am on my way home", "I am on my way home"),
+                                           ("Anna is late", "Anna is late"), ("Dinner", "dinner")])
+def test_a_message_lowers_the_first_word_unless_it_is_a_name(text, lowered):
+    assert demo_data._lower_first(text) == lowered
+
+
 def test_held_out_voices_never_appear_in_training():
     assert set(demo_data.TEST_VOICES).isdisjoint(demo_data.TRAIN_VOICES)
     assert {it["voice"] for it in demo_data.train_items(2000, seed=0)} <= set(demo_data.TRAIN_VOICES)
@@ -337,7 +363,7 @@ def test_scrambled_sentences_use_every_grammar_word_in_its_grammar_spelling():
     words = [w for it in items for w in it["text"][:-1].split()]
     assert all(it["text"][0].isupper() and it["text"].endswith(".") for it in items)
     assert {3, 8} <= {len(it["text"].split()) for it in items} <= set(range(3, 9))
-    assert {w.lower() for w in words} == vocabulary  # 3000 clips x 5.5 words reach all 476 words
+    assert {w.lower() for w in words} == vocabulary  # 3000 clips x 5.5 words reach all 525 words
     inner = {w for it in items for w in it["text"][:-1].split()[1:]}
     assert {"Madrid", "Monday", "Diana", "I"} <= inner  # names, days and "I" keep their capital
     assert {"lovely", "kettle", "seven"} <= inner and not {"Lovely", "Kettle", "Seven"} & inner

@@ -53,7 +53,7 @@ def breakdown(items: list[dict], refs: list[str], hyps: list[str]) -> dict[str, 
     """{group: (word errors, reference words)} for 'all', each voice group, 'everyday' and 'other'."""
     from harness.wer import edit_ops, normalise
 
-    everyday = set(demo_data.EVERYDAY)
+    everyday = demo_data.everyday_sentences()
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for item, ref, hyp in zip(items, refs, hyps):
         r, h = normalise(ref), normalise(hyp)
