@@ -3,8 +3,7 @@
     .venv/bin/python tools/eval_demo_model.py work-data/run19/demo.cact [--clips 200] [--beams 1,5]
 
 Prints the WER for each beam count: overall, by held-out voice, and split into the clips of the
-grammar's fixed everyday sentences (a reserved one is never heard in training in any form) and the
-rest, so that runs are compared on what the issue measures rather than on validation loss. The
+grammar's everyday sentences (`demo_data.everyday_sentences()`) and the rest, so that runs are compared on what the issue measures rather than on validation loss. The
 clips are regenerated from their seed (`demo_data.test_clips`) and cached as one .npz under
 `--cache` (git-ignored work-data/ by default), so a second candidate is scored in seconds.
 """
@@ -28,12 +27,13 @@ from tools import demo_data  # noqa: E402
 
 
 def cached_clips(n: int, seed: int, cache: str) -> list[tuple[np.ndarray, str]]:
-    """The first n test clips, from `cache` when it holds at least n of them for this seed."""
+    """The first n test clips, from `cache` when it holds at least n of them for this seed and the
+    grammar still draws the same sentences (a changed grammar draws a new split)."""
     path = os.path.join(cache, f"test-clips-seed{seed}.npz")
     if os.path.exists(path):
         saved = np.load(path, allow_pickle=False)
         texts, lengths = list(saved["texts"]), saved["lengths"]
-        if len(texts) >= n:
+        if len(texts) >= n and texts[:n] == [it["text"] for it in demo_data.test_items(n, seed)]:
             bounds = np.concatenate([[0], np.cumsum(lengths)])
             return [(saved["audio"][bounds[i]:bounds[i + 1]], str(texts[i])) for i in range(n)]
     clips = demo_data.test_clips(n, seed)

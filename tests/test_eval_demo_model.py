@@ -1,0 +1,46 @@
+"""tools/eval_demo_model.py: its per-group breakdown and its clip cache."""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools import demo_data, eval_demo_model  # noqa: E402
+
+
+def test_voice_groups_name_the_held_out_variant():
+    assert eval_demo_model.voice_group("espeak-ng/en-gb-scotland+f4") == "+f4"
+    assert eval_demo_model.voice_group("espeak-ng/en-us+m6") == "+m6"
+    assert eval_demo_model.voice_group("flite/rms") == "rms"
+
+
+def test_breakdown_counts_errors_per_voice_and_everyday_group():
+    items = [{"voice": "flite/rms"}, {"voice": "espeak-ng/en+f4"}]
+    refs = ["Where are my keys?", "Set a timer for ten minutes."]
+    hyps = ["Where are my shoes?", "Set a timer for ten minutes."]
+    got = eval_demo_model.breakdown(items, refs, hyps)
+    assert got["all"] == (1, 10) and got["rms"] == (1, 4) and got["+f4"] == (0, 6)
+    assert got["everyday"] == (1, 4) and got["other"] == (0, 6)
+
+
+def test_the_clip_cache_is_redrawn_when_the_grammar_draws_other_sentences(tmp_path, monkeypatch):
+    made = []
+
+    def fake_clips(n, seed):
+        made.append(n)
+        return [(np.full(10 + i, i, np.float32), it["text"]) for i, it in enumerate(demo_data.test_items(n, seed))]
+
+    monkeypatch.setattr(demo_data, "test_clips", fake_clips)
+    first = eval_demo_model.cached_clips(3, 0, str(tmp_path))
+    again = eval_demo_model.cached_clips(2, 0, str(tmp_path))
+    assert made == [3] and [t for _, t in again] == [t for _, t in first[:2]]
+    np.testing.assert_array_equal(again[1][0], first[1][0])
+    real = demo_data.test_items
+
+    def other_grammar(n, seed=0):
+        return [dict(it, text="Other " + it["text"]) for it in real(n, seed)]
+
+    monkeypatch.setattr(demo_data, "test_items", other_grammar)
+    redrawn = eval_demo_model.cached_clips(2, 0, str(tmp_path))
+    assert made == [3, 2] and redrawn[0][1].startswith("Other ")
