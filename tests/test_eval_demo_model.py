@@ -24,7 +24,7 @@ def test_breakdown_counts_errors_per_voice_and_everyday_group():
     assert got["everyday"] == (1, 4) and got["other"] == (0, 6)
 
 
-def test_the_clip_cache_is_redrawn_when_the_grammar_draws_other_sentences(tmp_path, monkeypatch):
+def test_the_clip_cache_is_redrawn_when_the_test_split_draws_other_clips(tmp_path, monkeypatch):
     made = []
 
     def fake_clips(n, seed):
@@ -44,3 +44,10 @@ def test_the_clip_cache_is_redrawn_when_the_grammar_draws_other_sentences(tmp_pa
     monkeypatch.setattr(demo_data, "test_items", other_grammar)
     redrawn = eval_demo_model.cached_clips(2, 0, str(tmp_path))
     assert made == [3, 2] and redrawn[0][1].startswith("Other ")
+
+    def other_voices(n, seed=0):
+        return [dict(it, voice="flite/awb") for it in other_grammar(n, seed)]
+
+    monkeypatch.setattr(demo_data, "test_items", other_voices)
+    eval_demo_model.cached_clips(2, 0, str(tmp_path))
+    assert made == [3, 2, 2]  # same sentences, other voices: redrawn too

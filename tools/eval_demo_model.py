@@ -3,9 +3,10 @@
     .venv/bin/python tools/eval_demo_model.py work-data/run19/demo.cact [--clips 200] [--beams 1,5]
 
 Prints the WER for each beam count: overall, by held-out voice, and split into the clips of the
-grammar's everyday sentences (`demo_data.everyday_sentences()`) and the rest, so that runs are compared on what the issue measures rather than on validation loss. The
-clips are regenerated from their seed (`demo_data.test_clips`) and cached as one .npz under
-`--cache` (git-ignored work-data/ by default), so a second candidate is scored in seconds.
+grammar's everyday sentences (`demo_data.everyday_sentences()`) and the rest, so that runs are
+compared on what the issue measures rather than on validation loss. The clips are regenerated from
+their seed (`demo_data.test_clips`) and cached as one .npz under `--cache` (git-ignored work-data/
+by default), so a second candidate is scored in seconds.
 """
 
 from __future__ import annotations
@@ -26,20 +27,26 @@ sys.path.insert(0, str(ROOT / "tests"))
 from tools import demo_data  # noqa: E402
 
 
+def _spec_keys(items: list[dict]) -> list[str]:
+    """What makes each test clip: its voice, seed and text."""
+    return [f"{it['voice']}|{it['seed']}|{it['text']}" for it in items]
+
+
 def cached_clips(n: int, seed: int, cache: str) -> list[tuple[np.ndarray, str]]:
-    """The first n test clips, from `cache` when it holds at least n of them for this seed and the
-    grammar still draws the same sentences (a changed grammar draws a new split)."""
+    """The first n test clips, from `cache` when it holds at least n of them made from the clip
+    specs `demo_data.test_items` draws now (a changed grammar or voice list draws a new split)."""
     path = os.path.join(cache, f"test-clips-seed{seed}.npz")
+    items = demo_data.test_items(n, seed)
     if os.path.exists(path):
         saved = np.load(path, allow_pickle=False)
-        texts, lengths = list(saved["texts"]), saved["lengths"]
-        if len(texts) >= n and texts[:n] == [it["text"] for it in demo_data.test_items(n, seed)]:
-            bounds = np.concatenate([[0], np.cumsum(lengths)])
-            return [(saved["audio"][bounds[i]:bounds[i + 1]], str(texts[i])) for i in range(n)]
+        specs = list(saved["specs"]) if "specs" in saved.files else []
+        if len(specs) >= n and specs[:n] == _spec_keys(items):
+            bounds = np.concatenate([[0], np.cumsum(saved["lengths"])])
+            return [(saved["audio"][bounds[i]:bounds[i + 1]], it["text"]) for i, it in enumerate(items)]
     clips = demo_data.test_clips(n, seed)
     os.makedirs(cache, exist_ok=True)
     np.savez(path + ".tmp.npz", audio=np.concatenate([a for a, _ in clips]),
-             lengths=np.array([len(a) for a, _ in clips]), texts=np.array([t for _, t in clips]))
+             lengths=np.array([len(a) for a, _ in clips]), specs=np.array(_spec_keys(items)))
     os.replace(path + ".tmp.npz", path)
     return clips
 
