@@ -145,3 +145,65 @@ def test_masked_cross_entropy_matches_its_numpy_twin():
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     picked = [-logp[b, t, tokens[b, t + 1]] for b in range(2) for t in range(5) if tokens[b, t + 1] != 0]
     assert float(tdm.masked_cross_entropy(logits, tokens, 0)) == pytest.approx(np.mean(picked), rel=1e-5)
+
+
+def test_average_params_is_the_weighted_mean_of_each_leaf_in_its_own_dtype():
+    a = {"enc": {"w": np.array([[1.0, 2.0]], np.float32)}, "b": np.array([4.0], np.float32)}
+    b = {"enc": {"w": np.array([[3.0, 6.0]], np.float32)}, "b": np.array([0.0], np.float32)}
+    mean = tdm.average_params([a, b])
+    np.testing.assert_allclose(mean["enc"]["w"], [[2.0, 4.0]])
+    np.testing.assert_allclose(mean["b"], [2.0])
+    assert mean["enc"]["w"].dtype == np.float32
+    weighted = tdm.average_params([a, b], [0.75, 0.25])
+    np.testing.assert_allclose(weighted["enc"]["w"], [[1.5, 3.0]])
+    np.testing.assert_allclose(weighted["b"], [3.0])
+
+
+@pytest.mark.parametrize("weights", [[0.5], [0.7, 0.7]])
+def test_average_params_refuses_weights_that_do_not_fit(weights):
+    tree = {"w": np.ones(2, np.float32)}
+    with pytest.raises(ValueError, match="one weight per tree, summing to 1"):
+        tdm.average_params([tree, tree], weights)
+
+
+def test_average_checkpoints_packs_the_mean_of_its_checkpoints(tmp_path):
+    """The tool reads two checkpoints, averages them and packs the mean exactly as the training script
+    packs a params tree: the mean of A and 3A is 2A, and CQ packing of 2A is A's codes with doubled
+    norms, which fp16 holds exactly."""
+    pytest.importorskip("needle")
+    import json
+
+    import jax
+    from flax import serialization
+    from needle.model.export import whistle_tokenizer_blob
+    from needle.model.whistle import Whistle
+
+    from tools import average_checkpoints, demo_data
+
+    texts = [item["text"] for item in demo_data.train_items(400, 0)]
+    with open(tmp_path / "train.jsonl", "w") as f:
+        for text in texts:
+            f.write(json.dumps({"text": text}) + "\n")
+    proto = tdm.train_tokenizer(texts, 512, 0)
+    cfg = tdm.whistle_config(len(proto.pieces))
+    wav, lengths, tokens = np.zeros((1, 16000), np.float32), np.array([16000], np.int32), np.ones((1, 4), np.int32)
+    params = jax.device_get(Whistle(cfg).init(jax.random.PRNGKey(0), wav, lengths, tokens)["params"])
+    for name, scale in (("a", 1.0), ("b", 3.0)):
+        scaled = jax.tree.map(lambda x: np.asarray(x) * np.float32(scale), params)
+        np.savez(tmp_path / f"{name}.npz", params=np.frombuffer(serialization.to_bytes(scaled), np.uint8), step=1)
+    out = tmp_path / "mean.cact"
+    average_checkpoints.main([str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "--data", str(tmp_path),
+                              "--out", str(out)])
+    expected = tmp_path / "expected.cact"
+    tdm.write_cact(jax.tree.map(lambda x: np.asarray(x) * np.float32(2.0), params), cfg, str(expected),
+                   whistle_tokenizer_blob(proto, (tdm.LANGUAGE,)), False)
+    assert out.read_bytes() == expected.read_bytes()
+    assert json.loads((tmp_path / "mean.json").read_text())["sha256"]
+
+
+def test_average_checkpoints_names_a_file_that_is_not_a_checkpoint(tmp_path):
+    from tools import average_checkpoints
+
+    np.savez(tmp_path / "other.npz", weights=np.zeros(3))
+    with pytest.raises(SystemExit, match="not a train_demo_model checkpoint"):
+        average_checkpoints.load_params(str(tmp_path / "other.npz"))
