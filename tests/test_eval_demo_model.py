@@ -27,14 +27,14 @@ def test_breakdown_counts_errors_per_voice_and_everyday_group():
 def test_the_clip_cache_is_redrawn_when_the_test_split_draws_other_clips(tmp_path, monkeypatch):
     made = []
 
-    def fake_clips(n, seed):
-        made.append(n)
-        return [(np.full(10 + i, i, np.float32), it["text"]) for i, it in enumerate(demo_data.test_items(n, seed))]
+    def fake_clip(text, voice, seed):
+        made.append(text)
+        return np.full(10 + len(made), len(made), np.float32)
 
-    monkeypatch.setattr(demo_data, "test_clips", fake_clips)
+    monkeypatch.setattr(demo_data, "make_clip", fake_clip)
     first = eval_demo_model.cached_clips(3, 0, str(tmp_path))
     again = eval_demo_model.cached_clips(2, 0, str(tmp_path))
-    assert made == [3] and [t for _, t in again] == [t for _, t in first[:2]]
+    assert len(made) == 3 and [t for _, t in again] == [t for _, t in first[:2]]
     np.testing.assert_array_equal(again[1][0], first[1][0])
     real = demo_data.test_items
 
@@ -43,11 +43,21 @@ def test_the_clip_cache_is_redrawn_when_the_test_split_draws_other_clips(tmp_pat
 
     monkeypatch.setattr(demo_data, "test_items", other_grammar)
     redrawn = eval_demo_model.cached_clips(2, 0, str(tmp_path))
-    assert made == [3, 2] and redrawn[0][1].startswith("Other ")
+    assert len(made) == 5 and redrawn[0][1].startswith("Other ")
 
     def other_voices(n, seed=0):
         return [dict(it, voice="flite/awb") for it in other_grammar(n, seed)]
 
     monkeypatch.setattr(demo_data, "test_items", other_voices)
     eval_demo_model.cached_clips(2, 0, str(tmp_path))
-    assert made == [3, 2, 2]  # same sentences, other voices: redrawn too
+    assert len(made) == 7  # same sentences, other voices: redrawn too
+
+
+def test_validation_clips_are_cached_apart_from_the_test_clips(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_data, "make_clip", lambda text, voice, seed: np.zeros(5, np.float32))
+    test = eval_demo_model.cached_clips(2, 0, str(tmp_path), "test")
+    validation = eval_demo_model.cached_clips(2, 0, str(tmp_path), "validation")
+    assert [t for _, t in test] == [it["text"] for it in demo_data.test_items(2)]
+    assert [t for _, t in validation] == [it["text"] for it in demo_data.validation_items(2)]
+    assert not set(t for _, t in validation) & {it["text"] for it in demo_data.test_items(300)}
+    assert sorted(os.listdir(tmp_path)) == ["test-clips-seed0.npz", "validation-clips-seed0.npz"]

@@ -7,6 +7,10 @@ grammar's everyday sentences (`demo_data.everyday_sentences()`) and the rest, so
 compared on what the issue measures rather than on validation loss. The clips are regenerated from
 their seed (`demo_data.test_clips`) and cached as one .npz under `--cache` (git-ignored work-data/
 by default), so a second candidate is scored in seconds.
+
+`--split validation` scores the 100 validation clips instead (held-out sentences and voices, none
+of them in the test split): pick among candidates (checkpoint-average weights, second stages) there,
+then report the chosen one on the test split, so its test figures are not tuned on the test clips.
 """
 
 from __future__ import annotations
@@ -32,18 +36,27 @@ def _spec_keys(items: list[dict]) -> list[str]:
     return [f"{it['voice']}|{it['seed']}|{it['text']}" for it in items]
 
 
-def cached_clips(n: int, seed: int, cache: str) -> list[tuple[np.ndarray, str]]:
-    """The first n test clips, from `cache` when it holds at least n of them made from the clip
-    specs `demo_data.test_items` draws now (a changed grammar or voice list draws a new split)."""
-    path = os.path.join(cache, f"test-clips-seed{seed}.npz")
-    items = demo_data.test_items(n, seed)
+SPLITS = {"test": ("test_items", 300), "validation": ("validation_items", demo_data.VALIDATION)}  # specs, most clips
+
+
+def split_items(split: str, n: int, seed: int) -> list[dict]:
+    """The first n clip specs of a held-out split."""
+    return getattr(demo_data, SPLITS[split][0])(n, seed)
+
+
+def cached_clips(n: int, seed: int, cache: str, split: str = "test") -> list[tuple[np.ndarray, str]]:
+    """The first n clips of a held-out split, from `cache` when it holds at least n of them made from
+    the clip specs `demo_data.test_items` (or `validation_items`) draws now (a changed grammar or
+    voice list draws a new split)."""
+    path = os.path.join(cache, f"{split}-clips-seed{seed}.npz")
+    items = split_items(split, n, seed)
     if os.path.exists(path):
         saved = np.load(path, allow_pickle=False)
         specs = list(saved["specs"]) if "specs" in saved.files else []
         if len(specs) >= n and specs[:n] == _spec_keys(items):
             bounds = np.concatenate([[0], np.cumsum(saved["lengths"])])
             return [(saved["audio"][bounds[i]:bounds[i + 1]], it["text"]) for i, it in enumerate(items)]
-    clips = demo_data.test_clips(n, seed)
+    clips = [(demo_data.make_clip(it["text"], it["voice"], it["seed"]), it["text"]) for it in items]
     os.makedirs(cache, exist_ok=True)
     np.savez(path + ".tmp.npz", audio=np.concatenate([a for a, _ in clips]),
              lengths=np.array([len(a) for a, _ in clips]), specs=np.array(_spec_keys(items)))
@@ -74,7 +87,9 @@ def breakdown(items: list[dict], refs: list[str], hyps: list[str]) -> dict[str, 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cact", help="the candidate .cact")
-    ap.add_argument("--clips", type=int, default=200, help="held-out test clips (the test uses 200)")
+    ap.add_argument("--clips", type=int, default=200, help="held-out clips (the test uses 200 test clips)")
+    ap.add_argument("--split", choices=sorted(SPLITS), default="test",
+                    help="test (issue 6's measure) or validation (to choose among candidates)")
     ap.add_argument("--beams", default="1,5", help="comma-separated beam counts")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=str(ROOT / "work-data" / "eval"))
@@ -84,15 +99,16 @@ def main(argv=None) -> None:
         beams = [int(b) for b in args.beams.split(",")]
     except ValueError:
         ap.error(f"--beams is a comma-separated list of integers, got {args.beams!r}")
-    if not 1 <= args.clips <= 300:
-        ap.error(f"--clips is 1 to 300 (the test split), got {args.clips}")
+    most = SPLITS[args.split][1]
+    if not 1 <= args.clips <= most:
+        ap.error(f"--clips is 1 to {most} for the {args.split} split, got {args.clips}")
 
     from harness.wer import normalise
     from whistle_stream import Whistle
 
     model = Whistle(args.cact)
-    items = demo_data.test_items(args.clips, args.seed)
-    clips = cached_clips(args.clips, args.seed, args.cache)
+    items = split_items(args.split, args.clips, args.seed)
+    clips = cached_clips(args.clips, args.seed, args.cache, args.split)
     refs = [text for _, text in clips]
     for b in beams:
         t0 = time.time()
@@ -100,7 +116,7 @@ def main(argv=None) -> None:
         table = breakdown(items, refs, hyps)
         parts = "  ".join(f"{k} {e / max(n, 1):.2%} ({e}/{n})" for k, (e, n) in sorted(table.items()) if k != "all")
         e, n = table["all"]
-        print(f"beams {b}: WER {e / n:.2%} ({e}/{n} words, {len(clips)} clips, {time.time() - t0:.0f} s)  {parts}")
+        print(f"beams {b}: WER {e / n:.2%} ({e}/{n} words, {len(clips)} {args.split} clips, {time.time() - t0:.0f} s)  {parts}")
         wrong = [(r, h) for r, h in zip(refs, hyps) if normalise(r) != normalise(h)]
         for r, h in wrong[:args.show]:
             print(f"    {r!r} -> {h!r}")
