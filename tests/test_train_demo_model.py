@@ -145,6 +145,9 @@ def test_masked_cross_entropy_matches_its_numpy_twin():
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     picked = [-logp[b, t, tokens[b, t + 1]] for b in range(2) for t in range(5) if tokens[b, t + 1] != 0]
     assert float(tdm.masked_cross_entropy(logits, tokens, 0)) == pytest.approx(np.mean(picked), rel=1e-5)
+    spread = [-logp[b, t].mean() for b in range(2) for t in range(5) if tokens[b, t + 1] != 0]
+    smoothed = 0.9 * np.mean(picked) + 0.1 * np.mean(spread)
+    assert float(tdm.masked_cross_entropy(logits, tokens, 0, 0.1)) == pytest.approx(smoothed, rel=1e-5)
 
 
 def test_average_params_is_the_weighted_mean_of_each_leaf_in_its_own_dtype():

@@ -150,14 +150,20 @@ def token_width(ids) -> int:
     return -(-max(len(t) for t in ids) // TOKEN_ROUND) * TOKEN_ROUND
 
 
-def masked_cross_entropy(logits, tokens, pad: int):
-    """The decoder's cross entropy on tokens[:, 1:] from logits of tokens[:, :-1], pad rows left out."""
+def masked_cross_entropy(logits, tokens, pad: int, smoothing: float = 0.0):
+    """The decoder's cross entropy on tokens[:, 1:] from logits of tokens[:, :-1], pad rows left out;
+    with smoothing > 0, against targets with that share of their mass spread evenly over the vocabulary
+    (label smoothing)."""
+    import jax
     import jax.numpy as jnp
     import optax
 
     targets = tokens[:, 1:]
     mask = targets != pad
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    if smoothing:
+        uniform = -jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).mean(-1)
+        ce = (1.0 - smoothing) * ce + smoothing * uniform
     return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
@@ -489,11 +495,15 @@ def main(argv=None) -> None:
                                    "and schedule: a second stage)")
     ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape); with --steps equal to "
                                      "its step, only scores it")
+    ap.add_argument("--label-smoothing", type=float, default=0.0,
+                    help="label smoothing of the training cross entropy (validation reports it unsmoothed; 0: off)")
     ap.add_argument("--average", type=int, default=1,
                     help="the exported model is the mean of the params at the last N exports (checkpoint "
                          "averaging; each export's params are also kept as DATA/params-stepS.npz for "
                          "tools/average_checkpoints.py; 1: the last params alone)")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.label_smoothing < 1.0:
+        ap.error(f"--label-smoothing is a share from 0 to 1 (exclusive), got {args.label_smoothing}")
     if args.average < 1:
         ap.error(f"--average is a number of exports, at least 1, got {args.average}")
     if not 0.0 <= args.perturb < 0.5:
@@ -575,7 +585,7 @@ def main(argv=None) -> None:
         f"sites {cfg.sites} slots {cfg.slots} stem {cfg.stem}: {count / 1e6:.2f} M params; "
         f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8; CTC weight {args.ctc}")
 
-    def attention_loss(p, enc, frames, tokens, spans=None):
+    def attention_loss(p, enc, frames, tokens, spans=None, smoothing=0.0):
         """(the decoder's masked cross entropy, with spans plus args.align x the alignment term;
         the alignment term, 0 without spans)."""
         if spans is None:
@@ -583,7 +593,7 @@ def main(argv=None) -> None:
         else:
             logits, state = model.apply({"params": p}, tokens[:, :-1], enc, frames, True,
                                         method=Whistle.logits, mutable=["intermediates"])
-        loss = masked_cross_entropy(logits, tokens, cfg.pad)
+        loss = masked_cross_entropy(logits, tokens, cfg.pad, smoothing)
         if spans is None:
             return loss, jnp.float32(0.0)
         align = alignment_loss(cross_weights(state), spans, frames)
@@ -608,7 +618,7 @@ def main(argv=None) -> None:
         p, head = pair
         q = quantise(p, cq2, True)
         enc, frames = encode(q, wav, lengths)
-        loss, align = attention_loss(q, enc, frames, tokens, spans)
+        loss, align = attention_loss(q, enc, frames, tokens, spans, args.label_smoothing)
         if args.ctc > 0:
             text = tokens[:, 2:]  # after <s> and the language tag; </s> and pad dropped below
             text = jnp.where(text == cfg.eos, cfg.pad, text)
