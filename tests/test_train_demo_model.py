@@ -210,3 +210,19 @@ def test_average_checkpoints_names_a_file_that_is_not_a_checkpoint(tmp_path):
     np.savez(tmp_path / "other.npz", weights=np.zeros(3))
     with pytest.raises(SystemExit, match="not a train_demo_model checkpoint"):
         average_checkpoints.load_params(str(tmp_path / "other.npz"))
+
+
+def test_average_checkpoints_refuses_weights_that_do_not_fit(tmp_path, capsys):
+    pytest.importorskip("flax")
+    from flax import serialization
+
+    from tools import average_checkpoints
+
+    (tmp_path / "train.jsonl").write_text('{"text": "Call mom."}\n')
+    tree = {"w": np.ones(2, np.float32)}
+    np.savez(tmp_path / "a.npz", params=np.frombuffer(serialization.to_bytes(tree), np.uint8), step=1)
+    with pytest.raises(SystemExit):
+        average_checkpoints.main([str(tmp_path / "a.npz"), str(tmp_path / "a.npz"), "--weights", "0.7,0.7",
+                                  "--data", str(tmp_path), "--out", str(tmp_path / "x.cact")])
+    assert "one weight per tree, summing to 1" in capsys.readouterr().err
+    assert not (tmp_path / "x.cact").exists()

@@ -53,19 +53,19 @@ def main(argv=None) -> None:
             weights = [float(w) for w in args.weights.split(",")]
         except ValueError:
             ap.error(f"--weights is comma-separated numbers, got {args.weights!r}")
-        if len(weights) != len(args.checkpoints) or abs(sum(weights) - 1.0) > 1e-6:
-            ap.error(f"--weights needs one weight per checkpoint ({len(args.checkpoints)}) summing to 1, "
-                     f"got {weights}")
     manifest = os.path.join(args.data, "train.jsonl")
     if not os.path.exists(manifest):
         ap.error(f"{manifest} not found: --data is the run's data folder (its training manifest trains the tokenizer)")
 
     from needle.model.export import whistle_tokenizer_blob
 
+    try:
+        params = train.average_params([load_params(p) for p in args.checkpoints], weights)
+    except ValueError as e:
+        ap.error(f"--weights: {e}")
     texts = [json.loads(line)["text"] for line in open(manifest)][:args.tokenizer_clips]
     proto = train.train_tokenizer(texts, args.vocab, args.seed)
     cfg = train.whistle_config(len(proto.pieces), args.dim, args.enc_layers, args.dec_layers)
-    params = train.average_params([load_params(p) for p in args.checkpoints], weights)
     info = train.write_cact(params, cfg, args.out, whistle_tokenizer_blob(proto, (train.LANGUAGE,)), args.bits == 2)
     names = ", ".join(f"{os.path.basename(p)} x {w:.2f}" for p, w in
                       zip(args.checkpoints, weights or [1 / len(args.checkpoints)] * len(args.checkpoints)))

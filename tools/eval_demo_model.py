@@ -5,7 +5,7 @@
 Prints the WER for each beam count: overall, by held-out voice, and split into the clips of the
 grammar's everyday sentences (`demo_data.everyday_sentences()`) and the rest, so that runs are
 compared on what the issue measures rather than on validation loss. The clips are regenerated from
-their seed (`demo_data.test_clips`) and cached as one .npz under `--cache` (git-ignored work-data/
+their specs (`demo_data.make_clip`) and cached as one .npz under `--cache` (git-ignored work-data/
 by default), so a second candidate is scored in seconds.
 
 `--split validation` scores the 100 validation clips instead (held-out sentences and voices, none

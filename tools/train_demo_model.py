@@ -160,10 +160,11 @@ def masked_cross_entropy(logits, tokens, pad: int, smoothing: float = 0.0):
 
     targets = tokens[:, 1:]
     mask = targets != pad
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     if smoothing:
-        uniform = -jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).mean(-1)
-        ce = (1.0 - smoothing) * ce + smoothing * uniform
+        labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), smoothing)
+        ce = optax.softmax_cross_entropy(logits, labels)
+    else:
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
@@ -355,10 +356,17 @@ def average_params(trees, weights=None):
     import jax
 
     weights = np.full(len(trees), 1.0 / len(trees)) if weights is None else np.asarray(weights, np.float64)
-    if len(weights) != len(trees) or not np.isclose(weights.sum(), 1.0):
+    if len(weights) != len(trees) or abs(weights.sum() - 1.0) > 1e-6:
         raise ValueError(f"need one weight per tree, summing to 1; got {list(weights)} for {len(trees)} trees")
     return jax.tree.map(lambda *leaves: sum(w * np.asarray(a, np.float64) for w, a in zip(weights, leaves))
                         .astype(np.asarray(leaves[0]).dtype), *trees)
+
+
+def params_array(params) -> np.ndarray:
+    """A params tree as the uint8 array a checkpoint .npz stores under 'params' (flax msgpack)."""
+    from flax import serialization
+
+    return np.frombuffer(serialization.to_bytes(params), np.uint8)
 
 
 def write_cact(params, cfg, path: str, blob: bytes, cq2: bool) -> dict:
@@ -666,7 +674,7 @@ def main(argv=None) -> None:
     ckpt = os.path.join(args.data, "checkpoint.npz")
 
     def checkpoint(p, state, step, note):
-        np.savez(ckpt + ".tmp.npz", params=np.frombuffer(serialization.to_bytes(p[0]), np.uint8),
+        np.savez(ckpt + ".tmp.npz", params=params_array(p[0]),
                  head=np.asarray(p[1]), opt=np.frombuffer(serialization.to_bytes(state), np.uint8), step=step)
         os.replace(ckpt + ".tmp.npz", ckpt)
         info = write_cact(jax.device_get(p[0]), cfg, args.out, blob, cq2)
@@ -699,10 +707,9 @@ def main(argv=None) -> None:
                 note = f"Step {step}, validation loss {val:.3f}."
                 info = checkpoint(params, opt_state, step, note)
                 if args.average > 1:
-                    snapshots.append(jax.device_get(params[0]))
+                    snapshots.append((step, jax.device_get(params[0])))
                     del snapshots[:-args.average]
-                    np.savez(os.path.join(args.data, f"params-step{step}.npz"), step=step,
-                             params=np.frombuffer(serialization.to_bytes(params[0]), np.uint8))
+                    np.savez(os.path.join(args.data, f"params-step{step}.npz"), step=step, params=params_array(params[0]))
                 log(f"step {step} val {val:.4f} (audio shuffled {deaf:.4f})  wrote {info['path']} "
                     f"({info['bytes'] / 1e6:.2f} MB)")
             if step >= args.steps:
@@ -710,8 +717,8 @@ def main(argv=None) -> None:
 
     params = params[0]
     if len(snapshots) > 1:
-        params = average_params(snapshots)
-        log(f"averaged the params of the last {len(snapshots)} exports (steps {step - args.export_every * (len(snapshots) - 1)}-{step})")
+        params = average_params([tree for _, tree in snapshots])
+        log(f"averaged the params of the last {len(snapshots)} exports (steps {', '.join(str(s) for s, _ in snapshots)})")
     qparams = quantise(params, cq2, False)
     scored = splits["test"][:args.score or None]
     edits, words, hyps = greedy_wer(model, qparams, cfg, sp, scored)
