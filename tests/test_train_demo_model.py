@@ -162,6 +162,13 @@ def test_average_params_is_the_weighted_mean_of_each_leaf_in_its_own_dtype():
     np.testing.assert_allclose(weighted["b"], [3.0])
 
 
+def test_average_params_refuses_trees_of_other_shapes():
+    with pytest.raises(ValueError, match="not shaped like the first"):
+        tdm.average_params([{"w": np.ones(2, np.float32)}, {"w": np.ones(3, np.float32)}])
+    with pytest.raises(ValueError, match="not shaped like the first"):
+        tdm.average_params([{"w": np.ones(2, np.float32)}, {"v": np.ones(2, np.float32)}])
+
+
 @pytest.mark.parametrize("weights", [[0.5], [0.7, 0.7]])
 def test_average_params_refuses_weights_that_do_not_fit(weights):
     tree = {"w": np.ones(2, np.float32)}

@@ -62,7 +62,7 @@ def main(argv=None) -> None:
     try:
         params = train.average_params([load_params(p) for p in args.checkpoints], weights)
     except ValueError as e:
-        ap.error(f"--weights: {e}")
+        ap.error(str(e))
     texts = [json.loads(line)["text"] for line in open(manifest)][:args.tokenizer_clips]
     proto = train.train_tokenizer(texts, args.vocab, args.seed)
     cfg = train.whistle_config(len(proto.pieces), args.dim, args.enc_layers, args.dec_layers)

@@ -358,6 +358,11 @@ def average_params(trees, weights=None):
     weights = np.full(len(trees), 1.0 / len(trees)) if weights is None else np.asarray(weights, np.float64)
     if len(weights) != len(trees) or abs(weights.sum() - 1.0) > 1e-6:
         raise ValueError(f"need one weight per tree, summing to 1; got {list(weights)} for {len(trees)} trees")
+    shapes = [jax.tree.map(np.shape, t) for t in trees]
+    for i, other in enumerate(shapes[1:], 1):
+        if other != shapes[0]:
+            raise ValueError(f"param tree {i + 1} is not shaped like the first (another model shape or "
+                             "architecture): only checkpoints of one run's shape can be averaged")
     return jax.tree.map(lambda *leaves: sum(w * np.asarray(a, np.float64) for w, a in zip(weights, leaves))
                         .astype(np.asarray(leaves[0]).dtype), *trees)
 
