@@ -28,7 +28,7 @@ TEST_CLIPS = 200
 pytestmark = pytest.mark.slow
 
 # The bundled demo model is too weak for some acceptance lines of issues 5 and 6: trained on this
-# 2-vCPU machine in under 2 hours it reaches held-out WER ~7.5% with 5 beams (see docs/demo-model.md;
+# 2-vCPU machine in under 2 hours it reaches held-out WER ~7.3% with 5 beams (see docs/demo-model.md;
 # the line is 5%), misreads many words of 30 s windows of several sentences, and times isolated
 # words frames away. Those lines stay open until a better model ships; the
 # tests run, print their numbers, and turn into passes when the model reaches them.
