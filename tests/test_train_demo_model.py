@@ -184,7 +184,6 @@ def test_average_checkpoints_packs_the_mean_of_its_checkpoints(tmp_path):
     import json
 
     import jax
-    from flax import serialization
     from needle.model.export import whistle_tokenizer_blob
     from needle.model.whistle import Whistle
 
@@ -200,7 +199,7 @@ def test_average_checkpoints_packs_the_mean_of_its_checkpoints(tmp_path):
     params = jax.device_get(Whistle(cfg).init(jax.random.PRNGKey(0), wav, lengths, tokens)["params"])
     for name, scale in (("a", 1.0), ("b", 3.0)):
         scaled = jax.tree.map(lambda x: np.asarray(x) * np.float32(scale), params)
-        np.savez(tmp_path / f"{name}.npz", params=np.frombuffer(serialization.to_bytes(scaled), np.uint8), step=1)
+        np.savez(tmp_path / f"{name}.npz", params=tdm.params_array(scaled), step=1)
     out = tmp_path / "mean.cact"
     average_checkpoints.main([str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "--data", str(tmp_path),
                               "--out", str(out)])
@@ -221,13 +220,11 @@ def test_average_checkpoints_names_a_file_that_is_not_a_checkpoint(tmp_path):
 
 def test_average_checkpoints_refuses_weights_that_do_not_fit(tmp_path, capsys):
     pytest.importorskip("flax")
-    from flax import serialization
-
     from tools import average_checkpoints
 
     (tmp_path / "train.jsonl").write_text('{"text": "Call mom."}\n')
     tree = {"w": np.ones(2, np.float32)}
-    np.savez(tmp_path / "a.npz", params=np.frombuffer(serialization.to_bytes(tree), np.uint8), step=1)
+    np.savez(tmp_path / "a.npz", params=tdm.params_array(tree), step=1)
     with pytest.raises(SystemExit):
         average_checkpoints.main([str(tmp_path / "a.npz"), str(tmp_path / "a.npz"), "--weights", "0.7,0.7",
                                   "--data", str(tmp_path), "--out", str(tmp_path / "x.cact")])
