@@ -1,9 +1,11 @@
-"""python variants.py CACT : word-timing post-processing variants on the timing test clips and the
+"""python tools/word_time_variants.py CACT : word-timing post-processing variants on the timing test clips and the
 word_times benchmark clips (60 test items, seed 1)."""
 import sys
 import numpy as np
 import soxr
-sys.path[:0] = ["/work/main", "/work/main/tools", "/work/main/tests"]
+from pathlib import Path
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "tests")]
 import demo_data
 from harness.wer import normalise
 from whistle_stream.model import Whistle
