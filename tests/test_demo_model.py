@@ -158,21 +158,11 @@ def test_word_times_fall_within_two_frames_of_the_truth(demo):
     sentences = ["set a timer for ten minutes", "turn on the lights in the kitchen", "call my mother tomorrow"]
     misses, total = [], 0
     for k, sentence in enumerate(sentences):
-        parts, truth, t = [np.zeros(int(0.5 * RATE), np.float32)], [], int(0.5 * RATE)
-        for j, word in enumerate(sentence.split()):
-            audio = demo_data.synthesize(word, "espeak-ng/en-us", np.random.default_rng(100 * k + j))
-            s, e = demo_data.speech_span(audio)
-            audio = audio[s:e]
-            parts.append(audio)
-            truth.append((word, t / RATE, (t + len(audio)) / RATE))
-            t += len(audio)
-            gap = int(rng.uniform(0.3, 0.6) * RATE)
-            parts.append(np.zeros(gap, np.float32))
-            t += gap
+        pcm, truth = demo_data.word_by_word_clip(sentence, "espeak-ng/en-us", 100 * k, rng)
         # The times of the words said (forced alignment: §8's teacher-forced pass over the true
         # transcript), so that a misheard word does not hide how well the words are timed;
         # test_align_of_the_chosen_transcript_gives_transcribes_word_times ties it to transcribe.
-        words = demo.align(np.concatenate(parts), sentence)
+        words = demo.align(pcm, sentence)
         assert [w["word"] for w in words] == sentence.split()
         for w, (_, start, end) in zip(words, truth):
             total += 1

@@ -720,6 +720,26 @@ def speech_span(audio: np.ndarray, floor_db: float = 40.0) -> tuple[int, int]:
     return int(on[0]) * frame, (int(on[-1]) + 1) * frame
 
 
+def word_by_word_clip(sentence: str, voice: str, seed: int, gaps: np.random.Generator,
+                      lead_s: float = 0.5) -> tuple[np.ndarray, list[tuple[str, float, float]]]:
+    """(16 kHz float32 audio, [(word, start_s, end_s)]): `sentence` spoken one word at a time, each
+    word synthesised alone by `voice` (word j with seed + j) and cut to its speech_span, after
+    lead_s of digital silence and each followed by 0.3-0.6 s of it (drawn from `gaps`). The spans
+    are where each word's sound sits: the truth for word times."""
+    parts, truth, t = [np.zeros(int(lead_s * RATE), np.float32)], [], int(lead_s * RATE)
+    for j, word in enumerate(sentence.split()):
+        audio = synthesize(word, voice, np.random.default_rng(seed + j))
+        s, e = speech_span(audio)
+        audio = audio[s:e]
+        parts.append(audio)
+        truth.append((word, t / RATE, (t + len(audio)) / RATE))
+        t += len(audio)
+        gap = int(gaps.uniform(0.3, 0.6) * RATE)
+        parts.append(np.zeros(gap, np.float32))
+        t += gap
+    return np.concatenate(parts), truth
+
+
 def _prefix_text(words: list[str]) -> str:
     return " ".join(words).rstrip(",;:")
 
