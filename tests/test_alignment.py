@@ -108,6 +108,107 @@ def test_dtw_rejects_bad_cost_matrices():
         dtw_path(np.array([[0.0, np.nan]]))
 
 
+def all_paths(n, m):
+    """Every monotonic path from (0, 0) to (n-1, m-1) as a list of cells (small matrices only)."""
+    out = []
+
+    def walk(path):
+        i, j = path[-1]
+        if (i, j) == (n - 1, m - 1):
+            out.append(list(path))
+            return
+        for di, dj in ((1, 1), (1, 0), (0, 1)):
+            if i + di < n and j + dj < m:
+                walk(path + [(i + di, j + dj)])
+
+    walk([(0, 0)])
+    return out
+
+
+def violations(path, unit_start, needs_sound, sounding):
+    """The slow twin of the pause rule in alignment._dtw, stated on a whole path: a unit boundary
+    inside sound (both units share a sounding frame, or the frames either side of it both sound)
+    and a word unit without a sounding frame each count one."""
+    rows = max(i for i, _ in path) + 1
+    frames = [[j for i, j in path if i == r] for r in range(rows)]
+    unit = np.cumsum(unit_start)
+    v = 0
+    for r in range(1, rows):
+        if unit_start[r]:
+            before, after = frames[r - 1][-1], frames[r][0]
+            v += bool(sounding[after]) if after == before else bool(sounding[before] and sounding[after])
+    for u in set(unit.tolist()):
+        members = [r for r in range(rows) if unit[r] == u]
+        if needs_sound[members[0]] and not any(sounding[j] for r in members for j in frames[r]):
+            v += 1
+    return v
+
+
+def best_paused_score(cost, unit_start, needs_sound, sounding):
+    """Brute force: the least (violations, cost) over every monotonic path."""
+    return min((violations(p, unit_start, needs_sound, sounding), float(sum(cost[i, j] for i, j in p)))
+               for p in all_paths(*cost.shape))
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (3, 3), (4, 6), (5, 7), (6, 5)])
+@pytest.mark.parametrize("seed", range(4))
+def test_paused_dtw_finds_the_path_with_fewest_violations_then_least_cost(shape, seed):
+    rng = np.random.default_rng(100 * seed + sum(shape))
+    n, m = shape
+    cost = rng.uniform(-1, 1, shape)
+    unit_start = rng.random(n) < 0.5
+    unit_start[0] = True
+    needs_sound = (rng.random(n) < 0.7)[np.cumsum(unit_start) - 1]  # one flag per unit
+    sounding = rng.random(m) < 0.6
+    tok, frm = dtw_path(cost, unit_start, needs_sound, sounding)
+    path = list(zip(tok.tolist(), frm.tolist()))
+    assert path in all_paths(n, m)
+    got = (violations(path, unit_start, needs_sound, sounding), path_cost(cost, tok, frm))
+    want = best_paused_score(cost, unit_start, needs_sound, sounding)
+    assert got[0] == want[0] and got[1] == pytest.approx(want[1], abs=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(5, 9), (12, 40), (30, 30)])
+def test_paused_dtw_without_pauses_is_the_plain_path(shape):
+    """Audio that never pauses (every frame sounding) or rows with no units leave §8's path as it is."""
+    rng = np.random.default_rng(sum(shape))
+    n, m = shape
+    unit_start = rng.random(n) < 0.4
+    unit_start[0] = True
+    for cost in (rng.normal(size=shape), np.round(rng.normal(size=shape))):
+        plain = naive_dtw(cost)
+        for args in ((unit_start, np.ones(n, bool), np.ones(m, bool)), (np.zeros(n, bool), np.zeros(n, bool), rng.random(m) < 0.5)):
+            tok, frm = dtw_path(cost, *args)
+            assert list(zip(tok.tolist(), frm.tolist())) == plain
+
+
+def test_paused_dtw_moves_a_word_boundary_into_the_pause_and_gives_every_word_sound():
+    # two one-token words; sound on frames 0-2 and 6-8, a pause on 3-5. The cost pulls word 1 onto
+    # frames 0-4 and leaves word 2 only the pause's last frame and the second sound.
+    sounding = np.array([1, 1, 1, 0, 0, 0, 1, 1, 1], bool)
+    cost = np.zeros((2, 9))
+    cost[0, :8] = -1.0
+    tok, frm = dtw_path(cost)
+    assert frm[tok == 1].min() == 8  # §8 alone: the boundary inside the second sound
+    tok, frm = dtw_path(cost, [True, True], [True, True], sounding)
+    assert frm[tok == 0].max() in (2, 3, 4, 5) and frm[tok == 1].min() in (3, 4, 5, 6)  # in the pause
+    assert sounding[frm[tok == 1]].any() and sounding[frm[tok == 0]].any()
+    # three words on two sounds: one boundary must lie inside sound, the cost says which
+    cost3 = np.zeros((3, 9))
+    cost3[1, 7] = -5.0
+    tok, frm = dtw_path(cost3, [True] * 3, [True] * 3, sounding)
+    assert 7 in frm[tok == 1].tolist() and all(sounding[frm[tok == r]].any() for r in range(3))
+
+
+def test_paused_dtw_rejects_partial_or_misshapen_pause_arguments():
+    with pytest.raises(ValueError, match="all three"):
+        dtw_path(np.zeros((2, 3)), unit_start=[True, False])
+    with pytest.raises(ValueError, match="sounding"):
+        dtw_path(np.zeros((2, 3)), [True, False], [True, True], [True, False])
+    with pytest.raises(ValueError, match="same for every row of a unit"):
+        dtw_path(np.zeros((2, 3)), [True, False], [True, False], [True, False, True])
+
+
 # ---------------------------------------------------------------- word times
 
 class PieceTokenizer:
@@ -219,6 +320,30 @@ def test_lead_and_trail_rows_take_the_silence_around_the_words():
     assert no_rows[0]["start"] == 0.0 and no_rows[-1]["end"] == pytest.approx(32 * 0.08)  # what they fix
     with pytest.raises(ValueError, match="lead"):
         word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, lead=1, trail=0)
+
+
+def test_word_times_put_each_word_on_its_own_sound_where_the_audio_pauses():
+    """Attention that says nothing (random weights, as a weak model's can be): where the audio
+    pauses between words, the pauses decide the boundaries, and the trim puts each word on its
+    sound. Without the sounding frames the path is §8's alone."""
+    sounds = [(3, 6), (8, 13), (15, 19), (22, 26)]  # "the", "Kaliko", "cat,", "sat."
+    sounding = np.zeros(30, bool)
+    for a, b in sounds:
+        sounding[a:b] = True
+    rng = np.random.default_rng(5)
+    hits = 0
+    for _ in range(5):
+        w = rng.uniform(size=(2, 10, 30)).astype(np.float32)
+        words = word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, lead=1, trail=1, sounding=sounding)
+        words = trim_to_sound(words, sounding, 0.08)
+        assert [(round(x["start"] / 0.08), round(x["end"] / 0.08)) for x in words] == sounds
+        plain = trim_to_sound(word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, lead=1, trail=1),
+                              sounding, 0.08)
+        hits += [(round(x["start"] / 0.08), round(x["end"] / 0.08)) for x in plain] == sounds
+    assert hits < 5  # what the pauses fix
+    loud = np.ones(30, bool)  # no pause: the path is §8's
+    assert word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, lead=1, trail=1, sounding=loud) == \
+        word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, lead=1, trail=1)
 
 
 def test_sounding_frames_marks_frames_within_the_floor_of_the_speech_level():

@@ -5,6 +5,13 @@ cross-attention weights of the active decoder layers in the upper half of the st
 weights become word times: standardise each head's weights per frame across the tokens, sum the
 heads, find a monotonic token-to-frame path through the negative by DTW, and group tokens into words
 at pieces that begin with a space.
+
+Two steps beyond §8 use the audio itself, where it has pauses (frames at least 35 dB under the
+speech level): the path ends and begins words in the pauses and gives every word sound
+(`dtw_path`), and each word's edges are then trimmed to its sounding frames (`trim_to_sound`). A
+small model's cross-attention often does not follow the words (the demo model's does not), and a
+pause is where one word ends and the next begins far more often than inside a word. Audio with no
+pause (noise above that floor, continuous speech) leaves the path as §8 gives it.
 """
 
 from __future__ import annotations
@@ -28,48 +35,86 @@ class Detokenizer(Protocol):
 
 
 @njit(**JIT_OPTIONS)
-def _dtw(cost, acc, trace, path_tok, path_frm):  # pragma: no cover - compiled
-    """Fill acc (N+1, M+1) and trace (N+1, M+1) for cost (N, M); write the path backwards into
+def _better(v, c, best_v, best_c):  # pragma: no cover - compiled
+    """Whether (violations v, cost c) beats (best_v, best_c): fewer violations first, then cost."""
+    return c < np.inf and (best_c == np.inf or v < best_v or (v == best_v and c < best_c))
+
+
+@njit(**JIT_OPTIONS)
+def _dtw(cost, unit_start, needs_sound, sounding, acc_v, acc_c, trace, path_tok, path_frm):  # pragma: no cover
+    """Fill acc_v, acc_c, trace (N+1, M+1, 2) for cost (N, M); write the path backwards into
     path_tok/path_frm (N+M,) from their start; return its length.
 
-    Steps: diagonal (next token, next frame), token (next token, same frame), frame (same token,
-    next frame); ties prefer diagonal, then token, then frame."""
+    Steps: diagonal (next row, next frame), token (next row, same frame), frame (same row, next
+    frame). Rows are grouped into units (words, and the non-word rows around them): unit_start (N,)
+    marks a row that opens one, needs_sound (N,) a row whose unit is a word. A path is scored by
+    its violations first, then its cost; a violation is a unit boundary inside sound (the frames
+    on both sides of it sounding, or both units sharing a sounding frame) or a word unit left
+    with no sounding frame. State s (last axis) is whether the current unit has had a sounding
+    frame. Ties prefer diagonal, then token, then frame, and state 0 before 1. With no unit
+    starts, no word rows and no sounding frame this is the plain DTW recurrence."""
     n, m = cost.shape
-    acc[:, :] = np.inf
-    acc[0, 0] = 0.0
+    acc_v[:, :, :] = 0
+    acc_c[:, :, :] = np.inf
+    acc_c[0, 0, 0] = 0.0
     for i in range(1, n + 1):
+        opens = unit_start[i - 1] and i > 1
+        left_word = i > 1 and needs_sound[i - 2]
         for j in range(1, m + 1):
-            c0 = acc[i - 1, j - 1]
-            c1 = acc[i - 1, j]
-            c2 = acc[i, j - 1]
-            if c0 <= c1 and c0 <= c2:
-                best, t = c0, _DIAG
-            elif c1 <= c2:
-                best, t = c1, _TOKEN
-            else:
-                best, t = c2, _FRAME
-            acc[i, j] = cost[i - 1, j - 1] + best
-            trace[i, j] = t
+            snd = sounding[j - 1]
+            for s in range(2):
+                best_v, best_c, code = 0, np.inf, 0
+                for step in range(3):
+                    pi = i if step == 2 else i - 1
+                    pj = j if step == 1 else j - 1
+                    for s0 in range(2):
+                        c = acc_c[pi, pj, s0]
+                        if c == np.inf:
+                            continue
+                        v = acc_v[pi, pj, s0]
+                        if step < 2 and opens:
+                            ns = 1 if snd else 0
+                            if snd and (step == 1 or (j >= 2 and sounding[j - 2])):
+                                v += 1  # the boundary lies inside sound
+                            if left_word and s0 == 0:
+                                v += 1  # the word just left had no sound
+                        else:
+                            ns = 1 if (s0 == 1 or snd) else 0
+                        if ns == s and _better(v, c, best_v, best_c):
+                            best_v, best_c, code = v, c, step * 2 + s0
+                if best_c < np.inf:
+                    acc_v[i, j, s] = best_v
+                    acc_c[i, j, s] = cost[i - 1, j - 1] + best_c
+                    trace[i, j, s] = code
+    end_v0 = acc_v[n, m, 0] + (1 if needs_sound[n - 1] else 0)
+    s = 0 if _better(end_v0, acc_c[n, m, 0], acc_v[n, m, 1], acc_c[n, m, 1]) or acc_c[n, m, 1] == np.inf else 1
     i, j, k = n, m, 0
     while i > 0 and j > 0:
         path_tok[k] = i - 1
         path_frm[k] = j - 1
         k += 1
-        t = trace[i, j]
-        if t == _DIAG:
+        code = trace[i, j, s]
+        step, s = code // 2, code % 2
+        if step == _DIAG:
             i -= 1
             j -= 1
-        elif t == _TOKEN:
+        elif step == _TOKEN:
             i -= 1
         else:
             j -= 1
     return k
 
 
-def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Minimum-cost monotonic path through a (tokens, frames) cost matrix, from (0, 0) to
-    (tokens-1, frames-1) with steps (1, 1), (1, 0), (0, 1). Returns (token_idx, frame_idx), int64
-    arrays of the same length, in path order."""
+def dtw_path(cost: np.ndarray, unit_start=None, needs_sound=None, sounding=None) -> tuple[np.ndarray, np.ndarray]:
+    """Minimum-cost monotonic path through a (rows, frames) cost matrix, from (0, 0) to
+    (rows-1, frames-1) with steps (1, 1), (1, 0), (0, 1). Returns (row_idx, frame_idx), int64
+    arrays of the same length, in path order.
+
+    With no other argument this is §8's DTW. Given unit_start (rows,) bool (a row that opens a
+    unit: a word, or the rows around the words), needs_sound (rows,) bool (the row's unit is a
+    word) and sounding (frames,) bool (the frame holds sound), the path is the cheapest among
+    those with the fewest violations, a violation being a unit boundary inside sound or a word
+    with no sounding frame: where the audio pauses, words end and begin in the pauses."""
     c = np.asarray(cost)
     if c.ndim != 2 or c.shape[0] == 0 or c.shape[1] == 0:
         raise ValueError(f"cost must be a non-empty 2-D (tokens, frames) array, got shape {c.shape}")
@@ -77,11 +122,24 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("cost must be finite (no NaN or infinity)")
     c = np.ascontiguousarray(c, dtype=np.float64)
     n, m = c.shape
-    acc = np.empty((n + 1, m + 1), dtype=np.float64)
-    trace = np.zeros((n + 1, m + 1), dtype=np.int8)
+    given = [a is not None for a in (unit_start, needs_sound, sounding)]
+    if any(given) and not all(given):
+        raise ValueError("unit_start, needs_sound and sounding go together: give all three or none")
+    if all(given):
+        unit_start, needs_sound, sounding = (np.asarray(a, dtype=np.bool_) for a in (unit_start, needs_sound, sounding))
+        if unit_start.shape != (n,) or needs_sound.shape != (n,) or sounding.shape != (m,):
+            raise ValueError(f"unit_start and needs_sound must be ({n},) and sounding ({m},) for a {c.shape} cost, got "
+                             f"{unit_start.shape}, {needs_sound.shape} and {sounding.shape}")
+        if np.any((needs_sound[1:] != needs_sound[:-1]) & ~unit_start[1:]):
+            raise ValueError("needs_sound must be the same for every row of a unit (it changes only where unit_start is set)")
+    else:
+        unit_start, needs_sound, sounding = np.zeros(n, np.bool_), np.zeros(n, np.bool_), np.zeros(m, np.bool_)
+    acc_v = np.empty((n + 1, m + 1, 2), dtype=np.int64)
+    acc_c = np.empty((n + 1, m + 1, 2), dtype=np.float64)
+    trace = np.zeros((n + 1, m + 1, 2), dtype=np.int8)
     path_tok = np.empty(n + m, dtype=np.int64)
     path_frm = np.empty(n + m, dtype=np.int64)
-    k = _dtw(c, acc, trace, path_tok, path_frm)
+    k = _dtw(c, unit_start, needs_sound, sounding, acc_v, acc_c, trace, path_tok, path_frm)
     return path_tok[:k][::-1].copy(), path_frm[:k][::-1].copy()
 
 
@@ -100,32 +158,53 @@ def _word_starts(token_ids: Sequence[int], tokenizer: Detokenizer) -> list[bool]
     return starts
 
 
-def token_frames(weights: np.ndarray, lead: int = 0, trail: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def token_frames(weights: np.ndarray, lead: int = 0, trail: int = 0, word_start=None,
+                 sounding=None) -> tuple[np.ndarray, np.ndarray]:
     """Each token's first frame and last frame + 1, (tokens,) int64 each, from cross-attention
     weights (layers*heads, rows, frames): per-head z-score over the rows, heads summed, DTW. The
     first `lead` and last `trail` rows take part in the path but are not tokens: they are where
-    the audio before the first word and after the last one goes (see `word_times`)."""
+    the audio before the first word and after the last one goes (see `word_times`).
+
+    Given word_start (tokens,) bool (the token opens a word) and sounding (frames,) bool (the
+    frame holds sound), the path puts word boundaries in pauses where the audio has them and gives
+    every word a sounding frame (dtw_path); the attention decides the rest."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 3 or 0 in w.shape:
         raise ValueError(f"weights must be a non-empty (layers*heads, tokens, frames) array, got shape {w.shape}")
-    if lead < 0 or trail < 0 or lead + trail >= w.shape[1]:
-        raise ValueError(f"lead ({lead}) and trail ({trail}) rows must leave at least one of {w.shape[1]} rows")
+    rows = w.shape[1]
+    if lead < 0 or trail < 0 or lead + trail >= rows:
+        raise ValueError(f"lead ({lead}) and trail ({trail}) rows must leave at least one of {rows} rows")
+    if (word_start is None) != (sounding is None):
+        raise ValueError("word_start and sounding go together: give both or neither")
     mean = w.mean(axis=1, keepdims=True)  # (LH, 1, frames)
     std = w.std(axis=1, keepdims=True)  # (LH, 1, frames)
     z = (w - mean) / np.maximum(std, _STD_FLOOR)  # (LH, tokens, frames)
-    tok, frm = dtw_path(-z.sum(axis=0))  # (tokens, frames) cost
-    n = w.shape[1]
-    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    last = np.full(n, -1, dtype=np.int64)
+    units = {}
+    if word_start is not None:
+        word_start = np.asarray(word_start, dtype=np.bool_)
+        if word_start.shape != (rows - lead - trail,):
+            raise ValueError(f"word_start must have one entry per token ({rows - lead - trail}), got {word_start.shape}")
+        unit_start = np.zeros(rows, np.bool_)
+        needs_sound = np.zeros(rows, np.bool_)
+        unit_start[0] = True  # the lead rows are one unit, as are the trail rows
+        unit_start[lead:rows - trail] = word_start
+        unit_start[lead] = True
+        if trail:
+            unit_start[rows - trail] = True
+        needs_sound[lead:rows - trail] = True
+        units = {"unit_start": unit_start, "needs_sound": needs_sound, "sounding": sounding}
+    tok, frm = dtw_path(-z.sum(axis=0), **units)  # (rows, frames) cost
+    first = np.full(rows, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(rows, -1, dtype=np.int64)
     np.minimum.at(first, tok, frm)
     np.maximum.at(last, tok, frm)
-    keep = slice(lead, w.shape[1] - trail)
+    keep = slice(lead, rows - trail)
     return first[keep], last[keep] + 1
 
 
 def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Sequence[float],
                tokenizer: Detokenizer, frame_seconds: float, offset_s: float = 0.0,
-               lead: int = 0, trail: int = 0) -> list[dict]:
+               lead: int = 0, trail: int = 0, sounding=None) -> list[dict]:
     """Words with times from a teacher-forced pass (§8).
 
     weights: (layers*heads, lead + tokens + trail, frames) cross-attention weights over the clip's
@@ -140,6 +219,8 @@ def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Seque
     token_ids, token_probs: the text tokens and each one's probability (0..1).
     tokenizer: has `decode(ids) -> str`, and preferably `id_to_piece(id) -> str`.
     frame_seconds: seconds per encoder frame (0.08); offset_s: time of frame 0 in seconds.
+    sounding: optional (frames,) bool, which frames hold sound (`sounding_frames`): word boundaries
+        then fall in the audio's pauses where it has them, and every word gets sound (token_frames).
     Returns [{"word", "start", "end", "probability"}], times in seconds, rounded to ms,
     non-decreasing and non-overlapping within [offset_s, offset_s + frames * frame_seconds].
     """
@@ -153,9 +234,9 @@ def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Seque
         raise ValueError(f"frame_seconds must be positive, got {frame_seconds}")
     if n == 0:
         return []
-    first, end = token_frames(w, lead, trail)
-    probs = np.asarray(token_probs, dtype=np.float64)
     starts = _word_starts(token_ids, tokenizer)
+    first, end = token_frames(w, lead, trail, None if sounding is None else starts, sounding)
+    probs = np.asarray(token_probs, dtype=np.float64)
     bounds = [i for i, s in enumerate(starts) if s] + [n]
     lo, hi = offset_s, offset_s + w.shape[2] * frame_seconds
     words: list[dict] = []

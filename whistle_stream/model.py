@@ -163,8 +163,9 @@ class Whistle:
         if open_end:
             weights = weights[:, :-1]
         duration = len(pcm) / d.rate  # the last encoder frame may reach past the audio
-        timed = word_times(weights, list(tokens), probs, self.tokenizer, d.frame_seconds, 0.0, lead=1, trail=trail)
         sounding = sounding_frames(pcm, int(round(d.frame_seconds * d.rate)), frames)
+        timed = word_times(weights, list(tokens), probs, self.tokenizer, d.frame_seconds, 0.0, lead=1, trail=trail,
+                           sounding=sounding)
         return [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
                 for w in trim_to_sound(timed, sounding, d.frame_seconds)]
 
