@@ -332,6 +332,25 @@ def test_a_spliced_clip_says_its_sentence_one_word_at_a_time():
 
 
 @needs_tts
+def test_a_word_by_word_clip_puts_silence_after_the_share_of_words_asked():
+    sentence = "set a timer for ten minutes"
+    pcm, truth = demo_data.word_by_word_clip(sentence, "espeak-ng/en-us", 0, np.random.default_rng(0))
+    assert [w for w, _, _ in truth] == sentence.split()
+    assert truth[0][1] == pytest.approx(0.5)
+    gaps = [b[1] - a[2] for a, b in zip(truth, truth[1:])]
+    assert all(0.3 - 1e-3 <= g <= 0.6 for g in gaps), gaps
+    for (_, start, end) in truth:  # each span is the word's sound: digital silence just outside it
+        a, b = round(start * demo_data.RATE), round(end * demo_data.RATE)
+        assert np.abs(pcm[a:b]).max() > 0.01 and pcm[a - 1] == 0.0 and pcm[b] == 0.0
+    _, joined = demo_data.word_by_word_clip(sentence, "espeak-ng/en-us", 0, np.random.default_rng(0), pause_share=0.0)
+    assert all(b[1] == pytest.approx(a[2]) for a, b in zip(joined, joined[1:]))  # one word straight into the next
+    _, some = demo_data.word_by_word_clip(sentence, "espeak-ng/en-us", 0, np.random.default_rng(1), pause_share=0.5)
+    assert 0 < sum(b[1] - a[2] > 0.2 for a, b in zip(some, some[1:])) < 5
+    with pytest.raises(ValueError, match="pause_share"):
+        demo_data.word_by_word_clip(sentence, "espeak-ng/en-us", 0, np.random.default_rng(0), pause_share=1.5)
+
+
+@needs_tts
 def test_a_spliced_clips_manifest_row_holds_its_word_spans(tmp_path):
     """write_split keeps each spliced clip's word spans next to it (and makes them for a clip
     synthesised before spans were kept), so training can read where the words are."""

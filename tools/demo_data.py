@@ -721,11 +721,15 @@ def speech_span(audio: np.ndarray, floor_db: float = 40.0) -> tuple[int, int]:
 
 
 def word_by_word_clip(sentence: str, voice: str, seed: int, gaps: np.random.Generator,
-                      lead_s: float = 0.5) -> tuple[np.ndarray, list[tuple[str, float, float]]]:
+                      lead_s: float = 0.5, pause_share: float = 1.0) -> tuple[np.ndarray, list[tuple[str, float, float]]]:
     """(16 kHz float32 audio, [(word, start_s, end_s)]): `sentence` spoken one word at a time, each
     word synthesised alone by `voice` (word j with seed + j) and cut to its speech_span, after
-    lead_s of digital silence and each followed by 0.3-0.6 s of it (drawn from `gaps`). The spans
-    are where each word's sound sits: the truth for word times."""
+    lead_s of digital silence and each followed by 0.3-0.6 s of it (drawn from `gaps`). With
+    pause_share < 1 only that share of words, drawn from `gaps`, is followed by silence; the others
+    run straight into the next word. The spans are where each word's sound sits: the truth for
+    word times."""
+    if not 0.0 <= pause_share <= 1.0:
+        raise ValueError(f"pause_share must be in [0, 1], got {pause_share}")
     parts, truth, t = [np.zeros(int(lead_s * RATE), np.float32)], [], int(lead_s * RATE)
     for j, word in enumerate(sentence.split()):
         audio = synthesize(word, voice, np.random.default_rng(seed + j))
@@ -734,7 +738,8 @@ def word_by_word_clip(sentence: str, voice: str, seed: int, gaps: np.random.Gene
         parts.append(audio)
         truth.append((word, t / RATE, (t + len(audio)) / RATE))
         t += len(audio)
-        gap = int(gaps.uniform(0.3, 0.6) * RATE)
+        pause = pause_share >= 1.0 or gaps.random() < pause_share
+        gap = int(gaps.uniform(0.3, 0.6) * RATE) if pause else 0
         parts.append(np.zeros(gap, np.float32))
         t += gap
     return np.concatenate(parts), truth
