@@ -230,3 +230,78 @@ def test_average_checkpoints_refuses_weights_that_do_not_fit(tmp_path, capsys):
                                   "--data", str(tmp_path), "--out", str(tmp_path / "x.cact")])
     assert "one weight per tree, summing to 1" in capsys.readouterr().err
     assert not (tmp_path / "x.cact").exists()
+
+
+# ---------------------------------------------------------------- SpecAugment (--spec-augment)
+
+def naive_spec_keep(f0, fw, t0, tw, frames, mels):
+    """The slow twin of tdm.spec_keep: cell by cell."""
+    keep = np.ones((len(f0), frames, mels), np.float32)
+    for b in range(len(f0)):
+        for a, w in zip(f0[b], fw[b]):
+            keep[b, :, a:a + w] = 0.0
+        for a, w in zip(t0[b], tw[b]):
+            keep[b, a:a + w, :] = 0.0
+    return keep
+
+
+def test_spec_keep_matches_its_numpy_twin():
+    rng = np.random.default_rng(0)
+    f0, fw = rng.integers(0, 70, (3, 2)), rng.integers(0, 11, (3, 2))
+    t0, tw = rng.integers(0, 90, (3, 2)), rng.integers(0, 21, (3, 2))
+    got = np.asarray(tdm.spec_keep(f0, fw, t0, tw, 100, 80))
+    np.testing.assert_array_equal(got, naive_spec_keep(f0, fw, t0, tw, 100, 80))
+
+
+def test_spec_draws_stay_inside_each_clip_and_their_limits():
+    jax = pytest.importorskip("jax")
+    frames = np.array([300, 40, 5], np.int32)
+    seen = set()
+    for k in range(20):
+        f0, fw, t0, tw = (np.asarray(a) for a in tdm.spec_draws(jax.random.PRNGKey(k), frames, 3, 80, (2, 12, 2, 20)))
+        assert f0.shape == fw.shape == t0.shape == tw.shape == (3, 2)
+        assert (fw >= 0).all() and (fw <= 12).all() and (f0 >= 0).all() and (f0 + fw <= 80).all()
+        assert (tw >= 0).all() and (tw <= np.minimum(20, frames[:, None])).all()
+        assert (t0 >= 0).all() and (t0 + tw <= frames[:, None]).all()
+        seen.add((tuple(f0.ravel()), tuple(t0.ravel())))
+    assert len(seen) == 20  # each key draws its own masks
+    again = tdm.spec_draws(jax.random.PRNGKey(3), frames, 3, 80, (2, 12, 2, 20))
+    first = tdm.spec_draws(jax.random.PRNGKey(3), frames, 3, 80, (2, 12, 2, 20))
+    assert all(np.array_equal(a, b) for a, b in zip(again, first))
+
+
+def test_parse_spec_augment_reads_four_counts_and_names_a_bad_value():
+    assert tdm.parse_spec_augment("") is None
+    assert tdm.parse_spec_augment("0,0,0,0") is None
+    assert tdm.parse_spec_augment("2,12,2,20") == (2, 12, 2, 20)
+    assert tdm.parse_spec_augment("2,12,0,0") == (2, 12, 0, 0)
+    for bad in ("2,12,2", "a,b,c,d", "2,-1,2,20"):
+        with pytest.raises(ValueError, match="four non-negative integers"):
+            tdm.parse_spec_augment(bad)
+
+
+def test_augmented_encode_masks_the_features_of_that_call_only():
+    jax = pytest.importorskip("jax")
+    whistle = pytest.importorskip("needle.model.whistle")
+    from needle.model.whistle import Whistle
+
+    cfg = tdm.whistle_config(64, dim=64, enc_layers=2, dec_layers=2)
+    model = Whistle(cfg)
+    rng = np.random.default_rng(1)
+    wav = (rng.standard_normal((2, 16000)) * 0.1).astype(np.float32)
+    lengths = np.array([16000, 12000], np.int32)
+    tokens = np.array([[2, 64, 5, 6, 1], [2, 64, 8, 1, 0]], np.int32)
+    params = model.init(jax.random.PRNGKey(0), wav, lengths, tokens)["params"]
+    plain_features = whistle.features
+    key = jax.random.PRNGKey(7)
+    plain, frames = tdm.augmented_encode(model, params, wav, lengths, key, None)
+    masked, masked_frames = tdm.augmented_encode(model, params, wav, lengths, key, (2, 20, 2, 30))
+    assert whistle.features is plain_features  # restored
+    np.testing.assert_array_equal(np.asarray(frames), np.asarray(masked_frames))
+    assert np.abs(np.asarray(masked) - np.asarray(plain)).max() > 1e-3
+    np.testing.assert_array_equal(np.asarray(tdm.augmented_encode(model, params, wav, lengths, key, None)[0]),
+                                  np.asarray(plain))
+    # the masks this key draws cover part of the features: neither none nor all of them
+    x, n = plain_features(cfg, wav, lengths)
+    keep = tdm.spec_keep(*tdm.spec_draws(key, n, 2, x.shape[2], (2, 20, 2, 30)), x.shape[1], x.shape[2])
+    assert 0.0 < float(np.asarray(keep).mean()) < 1.0

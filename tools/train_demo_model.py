@@ -168,6 +168,72 @@ def masked_cross_entropy(logits, tokens, pad: int, smoothing: float = 0.0):
     return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
+def spec_keep(f0, fw, t0, tw, frames: int, mels: int):
+    """(B, frames, mels) float32 SpecAugment keep mask (Park et al. 2019, without time warping): 0 on
+    mel channels [f0, f0 + fw) and frames [t0, t0 + tw) of each clip, 1 elsewhere. f0, fw: (B, F)
+    int; t0, tw: (B, T) int. A masked cell of the normalised log-mel features reads as 0, the clip's
+    mean."""
+    import jax.numpy as jnp
+
+    m, n = jnp.arange(mels), jnp.arange(frames)
+    band = ((m >= f0[..., None]) & (m < (f0 + fw)[..., None])).any(axis=1)  # (B, mels)
+    span = ((n >= t0[..., None]) & (n < (t0 + tw)[..., None])).any(axis=1)  # (B, frames)
+    return 1.0 - (band[:, None, :] | span[:, :, None]).astype(jnp.float32)
+
+
+def spec_draws(key, frames, batch: int, mels: int, spec: tuple[int, int, int, int]):
+    """(f0, fw, t0, tw) for spec_keep: per clip, spec = (F, W, T, S): F bands of 0..W mel channels
+    anywhere in `mels`, T spans of 0..S frames inside the clip's own `frames` (B,) feature frames."""
+    import jax
+    import jax.numpy as jnp
+
+    n_bands, width, n_spans, span = spec
+    k = jax.random.split(key, 4)
+    fw = jax.random.randint(k[0], (batch, n_bands), 0, width + 1)
+    f0 = (jax.random.uniform(k[1], (batch, n_bands)) * (mels - fw + 1)).astype(jnp.int32)
+    tw = jnp.minimum(jax.random.randint(k[2], (batch, n_spans), 0, span + 1), frames[:, None])
+    t0 = (jax.random.uniform(k[3], (batch, n_spans)) * (frames[:, None] - tw + 1)).astype(jnp.int32)
+    return f0, fw, t0, tw
+
+
+def augmented_encode(model, params, wav, lengths, key, spec):
+    """model.apply(..., method=Whistle.encode) on quantised params with SpecAugment (spec_draws'
+    `spec`, None: off) on the log-mel features. Whistle.encode reads the reference module's
+    `features` when it is traced, so the masked features stand in for that trace only; validation and
+    scoring trace the plain one."""
+    from needle.model import whistle as reference
+
+    if spec is None:
+        return model.apply({"params": params}, wav, lengths, True, method=reference.Whistle.encode)
+    plain = reference.features
+
+    def masked(c, w, n):
+        x, frames = plain(c, w, n)  # (B, frames, mels)
+        draws = spec_draws(key, frames, x.shape[0], x.shape[2], spec)
+        return x * spec_keep(*draws, x.shape[1], x.shape[2]), frames
+
+    reference.features = masked
+    try:
+        return model.apply({"params": params}, wav, lengths, True, method=reference.Whistle.encode)
+    finally:
+        reference.features = plain
+
+
+def parse_spec_augment(text: str) -> tuple[int, int, int, int] | None:
+    """'F,W,T,S' -> (F, W, T, S) non-negative ints ('' or '0,0,0,0': None, off)."""
+    if not text:
+        return None
+    try:
+        spec = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        spec = ()
+    if len(spec) != 4 or min(spec) < 0:
+        raise ValueError(f"--spec-augment takes four non-negative integers F,W,T,S (F bands of up to W mel "
+                         f"channels, T spans of up to S frames), got {text!r}")
+    bands, spans = spec[0] > 0 and spec[1] > 0, spec[2] > 0 and spec[3] > 0
+    return spec if bands or spans else None
+
+
 def arrays(rows, ids, samples=None, width=None):
     """(wav float32 (B, S), lengths int32 (B,), tokens int32 (B, T)) padded with zeros / pad id."""
     samples = samples or bucket(max(len(r["pcm"]) for r in rows))
@@ -510,6 +576,10 @@ def main(argv=None) -> None:
                                      "its step, only scores it")
     ap.add_argument("--label-smoothing", type=float, default=0.0,
                     help="label smoothing of the training cross entropy (validation reports it unsmoothed; 0: off)")
+    ap.add_argument("--spec-augment", default="",
+                    help="SpecAugment on the training clips' log-mel features, F,W,T,S: F bands of up to W mel "
+                         "channels and T spans of up to S 10 ms frames set to the clip mean (e.g. 2,12,2,20; "
+                         "validation and scoring unmasked; default: off)")
     ap.add_argument("--average", type=int, default=1,
                     help="the exported model is the mean of the params at the last N exports (checkpoint "
                          "averaging; each export's params are also kept as DATA/params-stepS.npz for "
@@ -523,6 +593,10 @@ def main(argv=None) -> None:
         ap.error(f"--perturb is a speed range from 0 to 0.5 (exclusive), got {args.perturb}")
     if args.align < 0:
         ap.error(f"--align is a non-negative weight, got {args.align}")
+    try:
+        spec = parse_spec_augment(args.spec_augment)
+    except ValueError as e:
+        ap.error(str(e))
     if not 0.0 <= args.prefix_share <= 1.0:
         ap.error(f"--prefix-share is a share from 0 to 1, got {args.prefix_share}")
     # the first export comes after --export-every steps: a missing folder must not fail it there
@@ -596,7 +670,8 @@ def main(argv=None) -> None:
     count = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
     log(f"model dim {cfg.dim} heads {cfg.heads} enc {cfg.enc_layers} dec {cfg.dec_layers} "
         f"sites {cfg.sites} slots {cfg.slots} stem {cfg.stem}: {count / 1e6:.2f} M params; "
-        f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8; CTC weight {args.ctc}")
+        f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8; CTC weight {args.ctc}; "
+        f"SpecAugment {'off' if spec is None else 'bands {} x <={}, spans {} x <={} frames'.format(*spec)}")
 
     def attention_loss(p, enc, frames, tokens, spans=None, smoothing=0.0):
         """(the decoder's masked cross entropy, with spans plus args.align x the alignment term;
@@ -615,13 +690,16 @@ def main(argv=None) -> None:
     def encode(p, wav, lengths):
         return model.apply({"params": p}, wav, lengths, True, method=Whistle.encode)
 
+    def encode_augmented(p, wav, lengths, key):
+        return augmented_encode(model, p, wav, lengths, key, spec)
+
     def ce_loss(p, wav, lengths, tokens):
         """The decoder's cross entropy (what validation reports): p are the model's params alone."""
         q = quantise(p, cq2, True)
         enc, frames = encode(q, wav, lengths)
         return attention_loss(q, enc, frames, tokens)[0]
 
-    def loss_fn(pair, wav, lengths, tokens, spans=None):
+    def loss_fn(pair, key, wav, lengths, tokens, spans=None):
         """Cross entropy + args.ctc x CTC of a linear head on the encoder output over the text pieces.
 
         The CTC head (blank = the pad id 0, never a target) is a training aid only, as in joint
@@ -630,7 +708,7 @@ def main(argv=None) -> None:
         """
         p, head = pair
         q = quantise(p, cq2, True)
-        enc, frames = encode(q, wav, lengths)
+        enc, frames = encode_augmented(q, wav, lengths, key)
         loss, align = attention_loss(q, enc, frames, tokens, spans, args.label_smoothing)
         if args.ctc > 0:
             text = tokens[:, 2:]  # after <s> and the language tag; </s> and pad dropped below
@@ -655,8 +733,8 @@ def main(argv=None) -> None:
         opt_state = serialization.from_bytes(opt_state, saved["opt"].tobytes())
 
     @jax.jit
-    def train_step(p, state, wav, lengths, tokens, spans=None):
-        (loss, align), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, wav, lengths, tokens, spans)
+    def train_step(p, state, key, wav, lengths, tokens, spans=None):
+        (loss, align), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, key, wav, lengths, tokens, spans)
         updates, state = optimizer.update(grads, state, p)
         return optax.apply_updates(p, updates), state, loss, align
 
@@ -694,10 +772,12 @@ def main(argv=None) -> None:
                       fixed_width=None if mixed else first_stage, perturb=args.perturb,
                       with_spans=bool(args.align))
     step, recent, aligned, tick, snapshots = start_step, [], [], time.time(), []
+    spec_key = jax.random.PRNGKey(args.seed + 2)
     log(f"training {args.steps} steps, {batches.count()} batches/epoch (compiling...)")
     while step < args.steps:
         for batch in batches.epoch():
-            params, opt_state, loss, align = train_step(params, opt_state, *batch)
+            key = jax.random.fold_in(spec_key, step)  # the SpecAugment masks of this step
+            params, opt_state, loss, align = train_step(params, opt_state, key, *batch)
             step += 1
             recent.append(float(loss))
             if len(batch) > 3 and batch[3][..., 1].any():  # the alignment term of batches with spans
