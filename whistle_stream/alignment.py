@@ -26,7 +26,7 @@ from .kernels import JIT_OPTIONS
 SPACE_PIECE = "\u2581"  # sentencepiece's word-start marker
 _STD_FLOOR = 1e-6  # a frame every token attends to equally carries no timing information
 
-# trace codes: which neighbour a DTW cell was reached from
+# DTW steps: which neighbour a cell was reached from (a trace code is step * 2 + the neighbour's state)
 _DIAG, _TOKEN, _FRAME = 0, 1, 2
 
 
@@ -86,8 +86,8 @@ def _dtw(cost, unit_start, needs_sound, sounding, acc_v, acc_c, trace, path_tok,
                     acc_v[i, j, s] = best_v
                     acc_c[i, j, s] = cost[i - 1, j - 1] + best_c
                     trace[i, j, s] = code
-    end_v0 = acc_v[n, m, 0] + (1 if needs_sound[n - 1] else 0)
-    s = 0 if _better(end_v0, acc_c[n, m, 0], acc_v[n, m, 1], acc_c[n, m, 1]) or acc_c[n, m, 1] == np.inf else 1
+    end_v0 = acc_v[n, m, 0] + (1 if needs_sound[n - 1] else 0)  # the last unit ends without sound
+    s = 1 if _better(acc_v[n, m, 1], acc_c[n, m, 1], end_v0, acc_c[n, m, 0]) else 0
     i, j, k = n, m, 0
     while i > 0 and j > 0:
         path_tok[k] = i - 1
