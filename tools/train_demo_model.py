@@ -690,9 +690,6 @@ def main(argv=None) -> None:
     def encode(p, wav, lengths):
         return model.apply({"params": p}, wav, lengths, True, method=Whistle.encode)
 
-    def encode_augmented(p, wav, lengths, key):
-        return augmented_encode(model, p, wav, lengths, key, spec)
-
     def ce_loss(p, wav, lengths, tokens):
         """The decoder's cross entropy (what validation reports): p are the model's params alone."""
         q = quantise(p, cq2, True)
@@ -708,7 +705,7 @@ def main(argv=None) -> None:
         """
         p, head = pair
         q = quantise(p, cq2, True)
-        enc, frames = encode_augmented(q, wav, lengths, key)
+        enc, frames = augmented_encode(model, q, wav, lengths, key, spec)
         loss, align = attention_loss(q, enc, frames, tokens, spans, args.label_smoothing)
         if args.ctc > 0:
             text = tokens[:, 2:]  # after <s> and the language tag; </s> and pad dropped below
