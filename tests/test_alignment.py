@@ -267,12 +267,14 @@ def test_word_times_are_ordered_non_overlapping_and_inside_the_window():
     rng = np.random.default_rng(7)
     for frames in (3, 8, 24, 60):
         w = rng.uniform(size=(4, 8, frames)).astype(np.float32)
-        words = word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, offset_s=5.0)
-        assert words
-        prev = 5.0
-        for word in words:
-            assert prev <= word["start"] <= word["end"] <= 5.0 + frames * 0.08 + 1e-9
-            prev = word["end"]
+        for sounding in (None, rng.random(frames) < 0.5):  # §8's path, and the path through pauses
+            words = word_times(w, list(range(8)), PROBS, PieceTokenizer(PIECES), 0.08, offset_s=5.0,
+                               sounding=sounding)
+            assert words
+            prev = 5.0
+            for word in words:
+                assert prev <= word["start"] <= word["end"] <= 5.0 + frames * 0.08 + 1e-9
+                prev = word["end"]
 
 
 def test_decode_only_tokenizers_split_words_the_same_way():
