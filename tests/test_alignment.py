@@ -125,13 +125,29 @@ def all_paths(n, m):
     return out
 
 
+def long_silent_runs(sounding, min_frames=2):
+    """Frames of silent runs of at least min_frames, found the slow way."""
+    out, run = [False] * len(sounding), []
+    for j, on in enumerate(list(sounding) + [True]):
+        if on:
+            if len(run) >= min_frames:
+                for k in run:
+                    out[k] = True
+            run = []
+        else:
+            run.append(j)
+    return out
+
+
 def violations(path, unit_start, needs_sound, sounding):
     """The slow twin of the pause rule in alignment._dtw, stated on a whole path: a unit boundary
-    inside sound (both units share a sounding frame, or the frames either side of it both sound)
-    and a word unit without a sounding frame each count one."""
+    inside sound (both units share a sounding frame, or the frames either side of it both sound),
+    a word unit without a sounding frame, each time a word sounds again after a long pause (two or
+    more silent frames) that followed its sound, and a unit that is not a word with sound count one."""
     rows = max(i for i, _ in path) + 1
     frames = [[j for i, j in path if i == r] for r in range(rows)]
     unit = np.cumsum(unit_start)
+    pause = long_silent_runs(sounding)
     v = 0
     for r in range(1, rows):
         if unit_start[r]:
@@ -139,8 +155,19 @@ def violations(path, unit_start, needs_sound, sounding):
             v += bool(sounding[after]) if after == before else bool(sounding[before] and sounding[after])
     for u in set(unit.tolist()):
         members = [r for r in range(rows) if unit[r] == u]
-        if needs_sound[members[0]] and not any(sounding[j] for r in members for j in frames[r]):
+        seen = sorted({j for r in members for j in frames[r]})
+        if not needs_sound[members[0]]:
+            v += any(sounding[j] for j in seen)
+            continue
+        if not any(sounding[j] for j in seen):
             v += 1
+        heard = paused = False
+        for j in seen:
+            if sounding[j]:
+                v += heard and paused
+                heard, paused = True, False
+            elif pause[j] and heard:
+                paused = True
     return v
 
 
@@ -150,7 +177,7 @@ def best_paused_score(cost, unit_start, needs_sound, sounding):
                for p in all_paths(*cost.shape))
 
 
-@pytest.mark.parametrize("shape", [(1, 4), (3, 3), (4, 6), (5, 7), (6, 5)])
+@pytest.mark.parametrize("shape", [(1, 4), (3, 3), (4, 6), (5, 7), (6, 5), (3, 9), (4, 8)])
 @pytest.mark.parametrize("seed", range(4))
 def test_paused_dtw_finds_the_path_with_fewest_violations_then_least_cost(shape, seed):
     rng = np.random.default_rng(100 * seed + sum(shape))
@@ -198,6 +225,20 @@ def test_paused_dtw_moves_a_word_boundary_into_the_pause_and_gives_every_word_so
     cost3[1, 7] = -5.0
     tok, frm = dtw_path(cost3, [True] * 3, [True] * 3, sounding)
     assert 7 in frm[tok == 1].tolist() and all(sounding[frm[tok == r]].any() for r in range(3))
+
+
+def test_paused_dtw_keeps_a_one_frame_gap_inside_a_word_and_no_word_across_a_long_pause():
+    # "pick up the": pi (0-1), a one-frame closure (2), ck (3), a long pause (4-6), up (7-8),
+    # a long pause (9-11), the (12-13). The cost pulls "pick" onto 0-1 and "up" onto 2-8.
+    sounding = np.array([1, 1, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1], bool)
+    cost = np.zeros((3, 14))
+    cost[0, :2] = -1.0
+    cost[1, 2:9] = -1.0
+    tok, frm = dtw_path(cost)
+    assert frm[tok == 1].min() <= 3  # §8 alone: "up" takes the closure's burst
+    tok, frm = dtw_path(cost, [True] * 3, [True] * 3, sounding)
+    assert frm[tok == 0].max() >= 3 and frm[tok == 1].min() >= 4  # "pick" keeps its burst
+    assert frm[tok == 1].max() <= 11 and frm[tok == 2].min() >= 9
 
 
 def test_paused_dtw_rejects_partial_or_misshapen_pause_arguments():

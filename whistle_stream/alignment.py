@@ -25,8 +25,10 @@ from .kernels import JIT_OPTIONS
 
 SPACE_PIECE = "\u2581"  # sentencepiece's word-start marker
 _STD_FLOOR = 1e-6  # a frame every token attends to equally carries no timing information
+MIN_PAUSE_FRAMES = 2  # a pause that parts words: 160 ms; a stop consonant's closure ("pi-ck") can leave one
+                      # silent 80 ms frame inside a word, and joined words one between them
 
-# DTW steps: which neighbour a cell was reached from (a trace code is step * 2 + the neighbour's state)
+# DTW steps: which neighbour a cell was reached from (a trace code is step * 3 + the neighbour's state)
 _DIAG, _TOKEN, _FRAME = 0, 1, 2
 
 
@@ -41,18 +43,33 @@ def _better(v, c, best_v, best_c):  # pragma: no cover - compiled
 
 
 @njit(**JIT_OPTIONS)
-def _dtw(cost, unit_start, needs_sound, sounding, acc_v, acc_c, trace, path_tok, path_frm):  # pragma: no cover
-    """Fill acc_v, acc_c, trace (N+1, M+1, 2) for cost (N, M); write the path backwards into
+def _take_frame(s, snd, pause, word):  # pragma: no cover - compiled
+    """(state, violations) after a unit in state s takes a frame: 0 no sound yet, 1 sound and no
+    long pause since, 2 sound and then a long pause. A word that sounds again after a long pause
+    straddles it, and the silence around the words (a unit that is not a word) takes sound: one
+    violation each."""
+    if snd:
+        return 1, 1 if (s == 2 if word else s == 0) else 0
+    if pause and s >= 1:
+        return 2, 0
+    return s, 0
+
+
+@njit(**JIT_OPTIONS)
+def _dtw(cost, unit_start, needs_sound, sounding, pause, acc_v, acc_c, trace, path_tok, path_frm):  # pragma: no cover
+    """Fill acc_v, acc_c, trace (N+1, M+1, 3) for cost (N, M); write the path backwards into
     path_tok/path_frm (N+M,) from their start; return its length.
 
     Steps: diagonal (next row, next frame), token (next row, same frame), frame (same row, next
     frame). Rows are grouped into units (words, and the non-word rows around them): unit_start (N,)
     marks a row that opens one, needs_sound (N,) a row whose unit is a word. A path is scored by
-    its violations first, then its cost; a violation is a unit boundary inside sound (the frames
-    on both sides of it sounding, or both units sharing a sounding frame) or a word unit left
-    with no sounding frame. State s (last axis) is whether the current unit has had a sounding
-    frame. Ties prefer diagonal, then token, then frame, and state 0 before 1. With no unit
-    starts, no word rows and no sounding frame this is the plain DTW recurrence."""
+    its violations first, then its cost. A violation is a unit boundary inside sound (the frames
+    on both sides of it sounding, or both units sharing a sounding frame), a word unit left with
+    no sounding frame, a word that sounds again after a long pause (`pause` (M,): the frames of
+    silent runs long enough to part words), or a unit that is not a word with sound in it. State s
+    (last axis) is _take_frame's. Ties prefer
+    diagonal, then token, then frame, and lower states. With no unit starts, no word rows and no
+    sounding frame this is the plain DTW recurrence."""
     n, m = cost.shape
     acc_v[:, :, :] = 0
     acc_c[:, :, :] = np.inf
@@ -60,41 +77,46 @@ def _dtw(cost, unit_start, needs_sound, sounding, acc_v, acc_c, trace, path_tok,
     for i in range(1, n + 1):
         opens = unit_start[i - 1] and i > 1
         left_word = i > 1 and needs_sound[i - 2]
+        word = needs_sound[i - 1]
         for j in range(1, m + 1):
             snd = sounding[j - 1]
-            for s in range(2):
+            for s in range(3):
                 best_v, best_c, code = 0, np.inf, 0
                 for step in range(3):
                     pi = i if step == 2 else i - 1
                     pj = j if step == 1 else j - 1
-                    for s0 in range(2):
+                    for s0 in range(3):
                         c = acc_c[pi, pj, s0]
                         if c == np.inf:
                             continue
                         v = acc_v[pi, pj, s0]
                         if step < 2 and opens:
-                            ns = 1 if snd else 0
+                            ns, dv = _take_frame(0, snd, pause[j - 1], word)
                             if snd and (step == 1 or (j >= 2 and sounding[j - 2])):
                                 v += 1  # the boundary lies inside sound
                             if left_word and s0 == 0:
                                 v += 1  # the word just left had no sound
                         else:
-                            ns = 1 if (s0 == 1 or snd) else 0
+                            ns, dv = _take_frame(s0, snd, pause[j - 1], word)
+                        v += dv
                         if ns == s and _better(v, c, best_v, best_c):
-                            best_v, best_c, code = v, c, step * 2 + s0
+                            best_v, best_c, code = v, c, step * 3 + s0
                 if best_c < np.inf:
                     acc_v[i, j, s] = best_v
                     acc_c[i, j, s] = cost[i - 1, j - 1] + best_c
                     trace[i, j, s] = code
-    end_v0 = acc_v[n, m, 0] + (1 if needs_sound[n - 1] else 0)  # the last unit ends without sound
-    s = 1 if _better(acc_v[n, m, 1], acc_c[n, m, 1], end_v0, acc_c[n, m, 0]) else 0
+    s, best_v, best_c = 0, 0, np.inf
+    for end in range(3):
+        v = acc_v[n, m, end] + (1 if (end == 0 and needs_sound[n - 1]) else 0)  # the last word without sound
+        if _better(v, acc_c[n, m, end], best_v, best_c):
+            s, best_v, best_c = end, v, acc_c[n, m, end]
     i, j, k = n, m, 0
     while i > 0 and j > 0:
         path_tok[k] = i - 1
         path_frm[k] = j - 1
         k += 1
         code = trace[i, j, s]
-        step, s = code // 2, code % 2
+        step, s = code // 3, code % 3
         if step == _DIAG:
             i -= 1
             j -= 1
@@ -105,6 +127,17 @@ def _dtw(cost, unit_start, needs_sound, sounding, acc_v, acc_c, trace, path_tok,
     return k
 
 
+def long_pauses(sounding: np.ndarray, min_frames: int = MIN_PAUSE_FRAMES) -> np.ndarray:
+    """(frames,) bool: the frames of every silent run of at least min_frames frames in `sounding`."""
+    quiet = ~np.asarray(sounding, dtype=bool)
+    out = np.zeros(len(quiet), dtype=bool)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]])))
+    for a, b in zip(edges[::2], edges[1::2]):  # silent runs [a, b)
+        if b - a >= min_frames:
+            out[a:b] = True
+    return out
+
+
 def dtw_path(cost: np.ndarray, unit_start=None, needs_sound=None, sounding=None) -> tuple[np.ndarray, np.ndarray]:
     """Minimum-cost monotonic path through a (rows, frames) cost matrix, from (0, 0) to
     (rows-1, frames-1) with steps (1, 1), (1, 0), (0, 1). Returns (row_idx, frame_idx), int64
@@ -113,8 +146,10 @@ def dtw_path(cost: np.ndarray, unit_start=None, needs_sound=None, sounding=None)
     With no other argument this is §8's DTW. Given unit_start (rows,) bool (a row that opens a
     unit: a word, or the rows around the words), needs_sound (rows,) bool (the row's unit is a
     word) and sounding (frames,) bool (the frame holds sound), the path is the cheapest among
-    those with the fewest violations, a violation being a unit boundary inside sound or a word
-    with no sounding frame: where the audio pauses, words end and begin in the pauses."""
+    those with the fewest violations, a violation being a unit boundary inside sound, a word with
+    no sounding frame, a word that sounds on both sides of a pause of MIN_PAUSE_FRAMES or more, or
+    a unit that is not a word (the rows around the words) with sound: where the audio pauses,
+    words end and begin in the pauses."""
     c = np.asarray(cost)
     if c.ndim != 2 or c.shape[0] == 0 or c.shape[1] == 0:
         raise ValueError(f"cost must be a non-empty 2-D (tokens, frames) array, got shape {c.shape}")
@@ -134,12 +169,12 @@ def dtw_path(cost: np.ndarray, unit_start=None, needs_sound=None, sounding=None)
             raise ValueError("needs_sound must be the same for every row of a unit (it changes only where unit_start is set)")
     else:
         unit_start, needs_sound, sounding = np.zeros(n, np.bool_), np.zeros(n, np.bool_), np.zeros(m, np.bool_)
-    acc_v = np.empty((n + 1, m + 1, 2), dtype=np.int64)
-    acc_c = np.empty((n + 1, m + 1, 2), dtype=np.float64)
-    trace = np.zeros((n + 1, m + 1, 2), dtype=np.int8)
+    acc_v = np.empty((n + 1, m + 1, 3), dtype=np.int64)
+    acc_c = np.empty((n + 1, m + 1, 3), dtype=np.float64)
+    trace = np.zeros((n + 1, m + 1, 3), dtype=np.int8)
     path_tok = np.empty(n + m, dtype=np.int64)
     path_frm = np.empty(n + m, dtype=np.int64)
-    k = _dtw(c, unit_start, needs_sound, sounding, acc_v, acc_c, trace, path_tok, path_frm)
+    k = _dtw(c, unit_start, needs_sound, sounding, long_pauses(sounding), acc_v, acc_c, trace, path_tok, path_frm)
     return path_tok[:k][::-1].copy(), path_frm[:k][::-1].copy()
 
 
