@@ -7,8 +7,9 @@ heads, find a monotonic token-to-frame path through the negative by DTW, and gro
 at pieces that begin with a space.
 
 Two steps beyond §8 use the audio itself, where it has pauses (frames at least 35 dB under the
-speech level): the path ends and begins words in the pauses and gives every word sound
-(`dtw_path`), and each word's edges are then trimmed to its sounding frames (`trim_to_sound`). A
+speech level): the path ends and begins words in the pauses, gives every word sound and no word a
+pause of MIN_PAUSE_FRAMES or more inside it (`dtw_path`), and each word's edges are then trimmed
+to its sounding frames (`trim_to_sound`). A
 small model's cross-attention often does not follow the words (the demo model's does not), and a
 pause is where one word ends and the next begins far more often than inside a word. Audio with no
 pause (noise above that floor, continuous speech) leaves the path as §8 gives it.
