@@ -39,11 +39,12 @@ def speech_clip(seconds: float = 30.0) -> np.ndarray:
     """Held-out demo sentences back to back, cut to `seconds`."""
     from tools import demo_data
 
-    parts, total, k = [], 0, 8
-    while total < seconds * RATE:
-        parts = [audio for audio, _ in demo_data.test_clips(k, seed=0)]
-        total = sum(len(p) for p in parts)
-        k *= 2
+    parts, total = [], 0
+    for item in demo_data.test_items(300, 0):  # synthesised one at a time, until there is enough
+        parts.append(demo_data.make_clip(item["text"], item["voice"], item["seed"]))
+        total += len(parts[-1])
+        if total >= seconds * RATE:
+            break
     return np.concatenate(parts)[:int(seconds * RATE)]
 
 

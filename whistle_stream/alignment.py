@@ -9,10 +9,10 @@ at pieces that begin with a space.
 Two steps beyond §8 use the audio itself, where it has pauses (frames at least 35 dB under the
 speech level): the path ends and begins words in the pauses, gives every word sound and no word a
 pause of MIN_PAUSE_FRAMES or more inside it (`dtw_path`), and each word's edges are then trimmed
-to its sounding frames (`trim_to_sound`). A
-small model's cross-attention often does not follow the words (the demo model's does not), and a
-pause is where one word ends and the next begins far more often than inside a word. Audio with no
-pause (noise above that floor, continuous speech) leaves the path as §8 gives it.
+to its sounding frames (`trim_to_sound`). A small model's cross-attention often does not follow
+the words (the demo model's does not), and a pause is where one word ends and the next begins far
+more often than inside a word. Audio with no pause (noise above that floor, continuous speech)
+leaves the path as §8 gives it.
 """
 
 from __future__ import annotations
@@ -68,9 +68,8 @@ def _dtw(cost, unit_start, needs_sound, sounding, pause, acc_v, acc_c, trace, pa
     on both sides of it sounding, or both units sharing a sounding frame), a word unit left with
     no sounding frame, a word that sounds again after a long pause (`pause` (M,): the frames of
     silent runs long enough to part words), or a unit that is not a word with sound in it. State s
-    (last axis) is _take_frame's. Ties prefer
-    diagonal, then token, then frame, and lower states. With no unit starts, no word rows and no
-    sounding frame this is the plain DTW recurrence."""
+    (last axis) is _take_frame's. Ties prefer diagonal, then token, then frame, and lower states.
+    With no unit starts, no word rows and no sounding frame this is the plain DTW recurrence."""
     n, m = cost.shape
     acc_v[:, :, :] = 0
     acc_c[:, :, :] = np.inf
