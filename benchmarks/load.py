@@ -35,8 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clients.client import ListenClient  # noqa: E402
-from service import protocol as P  # noqa: E402
+from whistle_stream.clients.client import ListenClient  # noqa: E402
+from whistle_stream.service import protocol as P  # noqa: E402
 
 RATE = 16000
 FRAME_S = 0.1
@@ -187,7 +187,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     if args.fake:
         cmd = [sys.executable, str(ROOT / "tests" / "fakes.py"), "serve", "--fake-pass-s", str(args.fake_pass_s)]
     else:
-        cmd = [sys.executable, "-m", "service.server"] + (["--model", args.model] if args.model else [])
+        cmd = [sys.executable, "-m", "whistle_stream.service.server"] + (["--model", args.model] if args.model else [])
     cmd += ["--port", "0", "--max-sessions", str(max(args.levels) + 8)]
     if args.workers:
         cmd += ["--workers", str(args.workers)]

@@ -20,7 +20,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from service import protocol as P
+from whistle_stream.service import protocol as P
 
 
 class ClientError(Exception):

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import soxr
 
-from service import protocol as P
+from whistle_stream.service import protocol as P
+from whistle_stream.service.core import SessionCore
 
-from .client import AuthFailed, ClientError, ListenClient, RETRYABLE_CLOSE, ServerUnreachable, SessionEnded
+from .client import (AuthFailed, ClientError, ListenClient, RETRYABLE_CLOSE, ServerUnreachable, SessionEnded,
+                     to_pcm)
 
 RATE = 16000
 BLOCK_S = 0.1          # audio sent per frame: 100 ms keeps latency low and frames small
@@ -271,56 +273,32 @@ async def run_remote(args, blocks, display, summary: Summary) -> None:
 
 
 async def run_local(args, blocks, display, summary: Summary, model=None) -> None:
-    """The engine in this process, through the same audio path and message logic as the server."""
-    from service.audio import AudioPath, Chunk, TimeMap
-    from service.server import PassCounter, engine_gate
-
+    """The engine in this process, through the session core the server runs (`SessionCore`)."""
     if model is None:
         from whistle_stream import Whistle
         model = Whistle(args.model)
     loop = asyncio.get_running_loop()
-    if callable(getattr(model, "warmup", None)):
-        await loop.run_in_executor(None, model.warmup)   # compile before the audio starts
+    await loop.run_in_executor(None, model.warmup)   # compile before the audio starts
+    # The frames the server would receive from `run_remote`'s client, so both give the same messages.
     config = P.SessionConfig(language=args.language, keywords=tuple(args.keyword), vad=not args.no_vad)
-    session = P.Session("local", config, getattr(model, "name", "whistle"), model.dims.languages)
-    stream = model.open_stream(language=args.language, keywords=list(args.keyword) or None)
-    count_passes = PassCounter(stream)
-    path = AudioPath(RATE, vad=config.vad)
-    time_map = TimeMap()
-    gate = engine_gate(model) if config.vad else None
-    fed = False
-    display.update(session.ready())
+    core = SessionCore(model, config)
 
-    def publish(d, **kw):
-        d = dict(d, words=[dict(w, start=time_map(w["start"]), end=time_map(w["end"]))
-                           for w in d.get("words", ())])
-        passes = count_passes(d)
-        messages = (session.final(d, kw["final"], passes=passes) if "final" in kw
-                    else session.results(d, passes=passes, **kw))
+    def show(messages) -> None:
         for m in messages:
             display.update(m)
             if isinstance(m, P.Final) and m.reason != "finalize":
                 summary.add(m)
 
-    async def handle(events):
-        nonlocal fed
-        for event in events:
-            if isinstance(event, Chunk):
-                if not fed and gate is not None and not await loop.run_in_executor(None, gate, event.audio):
-                    continue
-                fed = True
-                time_map.add(event)
-                publish(await loop.run_in_executor(None, stream.feed, event.audio))
-            elif fed:
-                fed = False
-                publish(await loop.run_in_executor(None, stream.finalize), end_of_speech=True)
-
+    try:
+        show(core.open())
+    except P.ProtocolError as e:
+        raise ClientError(e.message) from e
     summary.sessions = 1
     async for block in blocks:
-        session.audio_seconds += len(block) / RATE
-        await handle(path.push(block))
-    await handle(path.flush(last=True))
-    publish(await loop.run_in_executor(None, stream.finish), final="close")
+        work = core.receive(to_pcm(block, config.encoding)).work
+        if work:
+            show(await loop.run_in_executor(None, core.execute, work))
+    show(await loop.run_in_executor(None, core.execute, core.end("close")))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
+import dataclasses
 import http
 import json
 import logging
@@ -26,7 +26,6 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from urllib.parse import parse_qsl
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -37,12 +36,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from . import protocol as P
-from .audio import AudioPath, Chunk, TimeMap
 from .config import ServiceConfig, add_serve_arguments, config_from_args
+from .core import FinishNow, SessionCore, SessionLimits, Work, check_token
 
 log = logging.getLogger("whistle.service")
 LISTEN_PATH = "/v1/listen"
-WEB_ROOT = Path(__file__).resolve().parent.parent / "clients" / "web"
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/index.html": ("index.html", "text/html; charset=utf-8"),
           "/captions.js": ("captions.js", "text/javascript; charset=utf-8")}
@@ -92,31 +90,6 @@ def _response(status: int, body: bytes | str, content_type: str = "text/plain; c
     return Response(status, http.HTTPStatus(status).phrase, headers, body)
 
 
-def _bearer(request: Request) -> str | None:
-    value = request.headers.get("Authorization", "")
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def engine_gate(model):
-    """The engine's §8 silence gate as `gate(float32 16 kHz) -> bool`, or None if unavailable.
-
-    Prefers `model.is_speech`; else `whistle_stream.frontend.is_speech` with the model's mel
-    filterbank (`model.mel`) and its dims.
-    """
-    own = getattr(model, "is_speech", None)
-    if callable(own):
-        return own
-    mel, dims = getattr(model, "mel", None), model.dims
-    if mel is None or not all(hasattr(dims, k) for k in ("rate", "hop", "win")):
-        return None
-    try:
-        from whistle_stream.frontend import is_speech
-    except ImportError:
-        return None
-    return partial(is_speech, mel=mel, rate=dims.rate, hop=dims.hop, win=dims.win)
-
-
 def _warm_signal(rate: int = 16000) -> np.ndarray:
     """1.5 s: silence then a noisy 220 Hz tone, loud enough to pass the §8 silence gate."""
     t = np.arange(int(1.5 * rate)) / rate
@@ -129,8 +102,9 @@ def _warm_signal(rate: int = 16000) -> np.ndarray:
 class App:
     """The service: model, worker pool, metrics, sessions and the WebSocket server."""
 
-    def __init__(self, model=None, config: ServiceConfig | None = None):
+    def __init__(self, model=None, config: ServiceConfig | None = None, web_root: Path | None = None):
         self.config = config or ServiceConfig()
+        self.limits = limits_of(self.config)
         self.model = model
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="engine")
@@ -139,8 +113,9 @@ class App:
         self.draining = False
         self.server = None
         self.port: int | None = None
-        self.gate = None
-        self._static = {path: (WEB_ROOT / name, kind) for path, (name, kind) in STATIC.items()}
+        # The captions page, when the caller serves one (the command line passes the clients' folder).
+        self._static = ({} if web_root is None else
+                        {path: (Path(web_root) / name, kind) for path, (name, kind) in STATIC.items()})
         self._closed = asyncio.Event()
 
     # -- engine ------------------------------------------------------------------------------
@@ -153,15 +128,15 @@ class App:
         if self.model is None:
             from whistle_stream import Whistle
             self.model = Whistle(self.config.model)
-        self.gate = engine_gate(self.model)
-        if callable(getattr(self.model, "warmup", None)):
-            self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
-        stream = self.model.open_stream(step_s=self.config.step_s)
+        self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
+        # The gate, then one short session through the core's whole pass schedule.
         signal_ = _warm_signal(self.model.dims.rate)
-        if self.gate is not None:
-            self.gate(signal_)
-        stream.feed(signal_)
-        stream.finish()
+        self.model.is_speech(signal_)
+        core = SessionCore(self.model, P.SessionConfig(encoding="pcm_f32le", vad=False), self.limits,
+                           session_id="warmup")
+        core.open()
+        core.audio(signal_.tobytes())
+        core.finish("close")
         return time.perf_counter() - t0
 
     async def warm(self) -> None:
@@ -270,14 +245,11 @@ class App:
             await self.refuse(conn, P.ErrorCode.SHUTTING_DOWN, "the server is shutting down; reconnect")
             return
         query = request.path.partition("?")[2]
-        if self.config.token is not None:
-            given = _bearer(request)
-            if given is None:   # the token alone, even if other parameters are bad
-                given = next((v for k, v in parse_qsl(query, keep_blank_values=True) if k == "token"), None)
-            if given is None or not hmac.compare_digest(given.encode(), self.config.token.encode()):
-                await self.refuse(conn, P.ErrorCode.UNAUTHORIZED, "missing or wrong token; send "
-                                   "'Authorization: Bearer <token>' or ?token=<token>")
-                return
+        try:
+            check_token(self.config.token, request.headers.get("Authorization"), query)
+        except P.ProtocolError as e:   # the token alone decides, even if other parameters are bad
+            await self.refuse(conn, e.code, e.message)
+            return
         if len(self.sessions) >= self.config.max_sessions:
             await self.refuse(conn, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
                                f"{self.config.max_sessions} sessions; retry later")
@@ -297,67 +269,48 @@ class App:
             self.metrics.sessions_open.dec()
 
 
-class PassCounter:
-    """Passes one engine call ran: from the stream's `passes` counter when it keeps one, else one
-    for each call that spent time in passes (the streaming dict itself carries no pass count)."""
+class MetricsObserver:
+    """The session core's measurements into the app's metrics (`core.Observer`)."""
 
-    def __init__(self, stream):
-        self.stream = stream
-        self.last = getattr(stream, "passes", None)
+    def __init__(self, metrics: Metrics):
+        self.m = metrics
 
-    def __call__(self, d: dict) -> int:
-        now = getattr(self.stream, "passes", None)
-        if isinstance(now, int) and isinstance(self.last, int):
-            count, self.last = now - self.last, now
-            return count
-        return int(float(d.get("pass_ms", 0.0)) > 0)
+    def audio(self, seconds: float) -> None:
+        self.m.audio_seconds.inc(seconds)
 
+    def passes(self, count: int, seconds_each: float) -> None:
+        self.m.passes.inc(count)
+        for _ in range(count):
+            self.m.pass_seconds.observe(seconds_each)
 
-class TokenBucket:
-    def __init__(self, rate: float, burst: int):
-        self.rate, self.burst = rate, burst
-        self.tokens = float(burst)
-        self.at = time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
+    def commit_latency(self, seconds: float) -> None:
+        self.m.commit_latency.observe(seconds)
 
 
 class SessionRunner:
-    """One WebSocket session: a receive loop, an engine worker and a sender, on the event loop.
+    """One WebSocket session's transport around its `SessionCore`, on the event loop.
 
-    receive: frames -> protocol checks -> AudioPath -> engine ops queue
-    worker:  engine ops, one executor call at a time -> Session -> outgoing queue
+    receive: frames -> core.receive (cheap) -> work queue
+    worker:  queued work, one executor call at a time -> core.execute -> outgoing queue
     sender:  outgoing queue -> socket (bounded; a client that does not read is disconnected)
     """
 
     def __init__(self, app: App, conn: ServerConnection, config: P.SessionConfig):
         self.app, self.conn, self.config = app, conn, config
         self.id = uuid.uuid4().hex[:12]
-        model = app.model
-        self.session = P.Session(self.id, config, getattr(model, "name", "whistle"), model.dims.languages)
-        c = app.config
-        self.audio = AudioPath(config.sample_rate, step_s=c.step_s, vad=config.vad,
-                               aggressiveness=c.vad_aggressiveness, end_of_speech_ms=c.end_of_speech_ms)
-        self.gate = app.gate if config.vad else None
-        self.time_map = TimeMap()
-        self.bucket = TokenBucket(c.control_rate, c.control_burst)
-        self.stream = None
+        self.core = SessionCore(app.model, config, app.limits, session_id=self.id,
+                                observer=MetricsObserver(app.metrics))
         self.task = asyncio.current_task()
-        self._ops: deque = deque()
+        c = app.config
+        self._work: deque[Work] = deque()
         self._wake = asyncio.Event()
         self._outgoing: asyncio.Queue = asyncio.Queue(maxsize=c.send_queue)
         self._interrupt = asyncio.get_running_loop().create_future()
-        self._arrivals: deque = deque()  # (session seconds received so far, monotonic time)
-        self._utterance_fed = False
         self._slow = False
-        self._failed = False   # the engine raised: no more engine calls for this session
+
+    @property
+    def session(self) -> P.Session:
+        return self.core.session
 
     # -- control -----------------------------------------------------------------------------
     def interrupt(self, reason: str, close_code: int, error: P.Error | None = None) -> None:
@@ -387,25 +340,27 @@ class SessionRunner:
         if transport is not None:
             transport.abort()
 
+    def _queue(self, work) -> None:
+        if work:
+            self._work.extend(work)
+            self._wake.set()
+
     # -- tasks -------------------------------------------------------------------------------
     async def run(self) -> None:
         c = self.config
         try:
-            self.stream = await self.app.engine(
-                partial(self.app.model.open_stream, language=c.language,
-                        keywords=list(c.keywords) or None, step_s=self.app.config.step_s))
-        except ValueError as e:     # the engine refused the language or a keyword
-            await self.app.refuse(self.conn, P.ErrorCode.BAD_REQUEST, str(e)[:300])
+            ready = await self.app.engine(self.core.open)
+        except P.ProtocolError as e:     # the engine refused the language or a keyword
+            await self.app.refuse(self.conn, e.code, e.message)
             return
         except Exception:
             self._log("open_failed", logging.ERROR, exc_info=True)
             await self.app.refuse(self.conn, P.ErrorCode.INTERNAL, "the engine could not open a stream")
             return
-        self.count_passes = PassCounter(self.stream)
         self._log("session_open", sample_rate=c.sample_rate, encoding=c.encoding, vad=c.vad,
                   language=c.language, keywords=len(c.keywords))
         sender = asyncio.create_task(self._send_loop())
-        self._emit([self.session.ready()])
+        self._emit(ready)
         worker = asyncio.create_task(self._work_loop())
         try:
             reason, close_code, error = await self._receive_loop()
@@ -435,10 +390,7 @@ class SessionRunner:
             except ConnectionClosed:
                 return ("disconnected", None, None)
             try:
-                if isinstance(frame, bytes):
-                    self._on_audio(frame)
-                elif self._on_text(frame):
-                    return ("close", P.CloseCode.NORMAL, None)
+                received = self.core.receive(frame)
             except P.ProtocolError as e:
                 self.app.metrics.rejects.labels(e.code.value).inc()
                 self._log("protocol_error", logging.WARNING, code=e.code.value, detail=e.message)
@@ -446,42 +398,13 @@ class SessionRunner:
                 if e.fatal:
                     return (e.code.value, e.close_code, error)
                 self._emit([error])
-
-    def _on_audio(self, data: bytes) -> None:
-        samples = P.decode_audio(data, self.config.encoding)
-        self.session.check(P.Audio(data))
-        seconds = self.session.audio_seconds
-        self.app.metrics.audio_seconds.inc(len(samples) / self.config.sample_rate)
-        self._arrivals.append((seconds, time.monotonic()))
-        limit = self.app.config.max_session_seconds
-        if seconds > limit:
-            raise P.ProtocolError(P.ErrorCode.SESSION_LIMIT, f"this session reached its limit of "
-                                  f"{limit:g} audio seconds")
-        self._queue(self.audio.push(samples))
-
-    def _on_text(self, text: str) -> bool:
-        """Handle one control message; True when the client asked to close."""
-        if not self.bucket.take():
-            raise P.ProtocolError(P.ErrorCode.RATE_LIMITED, f"more than {self.app.config.control_rate:g} "
-                                  "control messages per second")
-        message = self.session.check(P.decode_text(text))
-        if isinstance(message, P.Finalize):
-            self._queue(self.audio.flush())
-            self._op(("finalize",))
-        elif isinstance(message, P.Configure):
-            self._op(("configure", list(message.keywords)))
-        return isinstance(message, P.Close)
-
-    def _queue(self, events) -> None:
-        for event in events:
-            self._op(("audio", event) if isinstance(event, Chunk) else ("eos", event))
-
-    def _op(self, op) -> None:
-        self._ops.append(op)
-        self._wake.set()
+                continue
+            self._queue(received.work)
+            if received.close:
+                return ("close", P.CloseCode.NORMAL, None)
 
     async def _end(self, reason, close_code, error, worker, sender) -> None:
-        self.session.closing()
+        work = self.core.end(reason)
         if reason in ("disconnected", "slow_client"):
             return
         # Keep reading (and dropping) what the client still sends: unread frames would stall the
@@ -489,11 +412,10 @@ class SessionRunner:
         discard = asyncio.create_task(self._discard())
         if error is not None:
             self._emit([error])
-        if not self._failed:
-            self._queue(self.audio.flush(last=True))
-            self._op(("finish", reason))
+        if not self.core.failed:
+            self._queue(work)
             await worker
-        if self._failed:
+        if self.core.failed:
             if reason != P.ErrorCode.INTERNAL.value:
                 self._emit([P.Error(P.ErrorCode.INTERNAL, "the engine failed on this session")])
             close_code = P.CloseCode.INTERNAL
@@ -530,94 +452,38 @@ class SessionRunner:
                 return
 
     async def _work_loop(self) -> None:
-        """Engine ops in order, one executor call at a time for this session."""
+        """Queued work in order, everything queued so far in one executor call (a backlog is
+        caught up at once), one call at a time for this session."""
         try:
             while True:
-                while not self._ops:
+                while not self._work:
                     self._wake.clear()
                     await self._wake.wait()
-                op = self._ops.popleft()
-                if op[0] == "audio":
-                    chunks = [op[1]]
-                    while self._ops and self._ops[0][0] == "audio":  # catch up on a backlog in one call
-                        chunks.append(self._ops.popleft()[1])
-                    await self._feed(chunks)
-                elif op[0] == "eos":
-                    if self._utterance_fed:
-                        self._utterance_fed = False
-                        await self._call(self.stream.finalize, end_of_speech=True)
-                elif op[0] == "finalize":
-                    self._publish(await self.app.engine(self.stream.finalize), final="finalize")
-                elif op[0] == "configure":
-                    try:
-                        await self.app.engine(partial(self.stream.configure, keywords=op[1]))
-                    except ValueError as e:   # the engine refused a keyword: the old ones stay
-                        self._emit([P.Error(P.ErrorCode.BAD_MESSAGE, str(e)[:300])])
-                elif op[0] == "finish":
-                    self._publish(await self.app.engine(self.stream.finish), final=op[1])
+                batch = list(self._work)
+                self._work.clear()
+                self._emit(await self.app.engine(self.core.execute, batch))
+                if any(isinstance(item, FinishNow) for item in batch):
                     return
         except Exception:
             self._log("engine_error", logging.ERROR, exc_info=True)
             self.app.metrics.rejects.labels(P.ErrorCode.INTERNAL.value).inc()
-            self._failed = True
             self.interrupt(P.ErrorCode.INTERNAL.value, P.CloseCode.INTERNAL,
                            P.Error(P.ErrorCode.INTERNAL, "the engine failed on this session"))
 
-    async def _feed(self, chunks: list[Chunk]) -> None:
-        gate = self.gate if not self._utterance_fed else None
-        if gate is not None:
-            speech = [c for c in chunks if await self.app.engine(gate, c.audio)]
-            if not speech:
-                return   # §8: the engine's gate says silence or steady noise; no pass
-            chunks = chunks[chunks.index(speech[0]):]
-        for c in chunks:
-            self.time_map.add(c)
-        self._utterance_fed = True
-        audio = chunks[0].audio if len(chunks) == 1 else np.concatenate([c.audio for c in chunks])
-        await self._call(self.stream.feed, audio)
 
-    async def _call(self, fn, *args, end_of_speech: bool = False) -> None:
-        d = await self.app.engine(fn, *args)
-        self._publish(d, end_of_speech=end_of_speech)
-
-    def _publish(self, d: dict, *, end_of_speech: bool = False, final: str | None = None) -> None:
-        d = dict(d)
-        m = self.app.metrics
-        passes = self.count_passes(d)
-        if passes:
-            m.passes.inc(passes)
-            for _ in range(passes):
-                m.pass_seconds.observe(float(d.get("pass_ms", 0.0)) / 1000 / passes)
-        d["words"] = [dict(w, start=self.time_map(w["start"]), end=self.time_map(w["end"]))
-                      for w in d.get("words", ())]
-        now = time.monotonic()
-        for w in d["words"]:
-            arrived = self._arrived(w["end"])
-            if arrived is not None:
-                m.commit_latency.observe(max(0.0, now - arrived))
-        if final is None:
-            self._emit(self.session.results(d, end_of_speech=end_of_speech, passes=passes))
-        else:
-            self._emit(self.session.final(d, final, passes=passes))
-
-    def _arrived(self, t: float) -> float | None:
-        """Monotonic time the server had received session second `t` (None: not known)."""
-        while len(self._arrivals) > 1 and self._arrivals[1][0] < t - 5.0:
-            self._arrivals.popleft()   # keep a few seconds before the oldest word still to commit
-        for seconds, at in self._arrivals:
-            if seconds >= t:
-                return at
-        return self._arrivals[-1][1] if self._arrivals else None
+def limits_of(config: ServiceConfig) -> SessionLimits:
+    """The per-session settings of the service's settings."""
+    return SessionLimits(**{f.name: getattr(config, f.name) for f in dataclasses.fields(SessionLimits)})
 
 
-def build_app(model=None, config: ServiceConfig | None = None) -> App:
+def build_app(model=None, config: ServiceConfig | None = None, web_root: Path | None = None) -> App:
     """An App around `model` (None: load the configured model at start). Not started yet."""
-    return App(model=model, config=config)
+    return App(model=model, config=config, web_root=web_root)
 
 
-async def serve(model=None, config: ServiceConfig | None = None) -> None:
+async def serve(model=None, config: ServiceConfig | None = None, web_root: Path | None = None) -> None:
     """Run the service until SIGTERM/SIGINT, then drain and return."""
-    app = build_app(model, config)
+    app = build_app(model, config, web_root)
     loop = asyncio.get_running_loop()
     await app.start(warm=False)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -639,7 +505,7 @@ def setup_logging(level: str = "info") -> None:
     root.propagate = False
 
 
-def main(argv=None, *, model=None) -> int:
+def main(argv=None, *, model=None, web_root: Path | None = None) -> int:
     """`whistle-stream serve ...`: parse flags (+ WHISTLE_* env), serve until SIGTERM, exit 0."""
     parser = add_serve_arguments(argparse.ArgumentParser(
         prog="whistle-stream serve", description="Serve live transcription over WebSockets."))
@@ -655,7 +521,7 @@ def main(argv=None, *, model=None) -> int:
     except ImportError:
         run = asyncio.run
     try:
-        run(serve(model=model, config=config))
+        run(serve(model=model, config=config, web_root=web_root))
     except (OSError, ValueError) as e:   # port in use, no model, a model file that does not parse
         log_event("startup_failed", logging.ERROR, detail=str(e))
         return 1

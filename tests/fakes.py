@@ -115,6 +115,13 @@ class FakeWhistle:
         self.streams: list[FakeStream] = []
         self._lock = threading.Lock()
 
+    def is_speech(self, pcm) -> bool:
+        """The fake has no silence gate: every utterance's audio reaches the stream."""
+        return True
+
+    def warmup(self) -> float:
+        return 0.0
+
     def open_stream(self, language=None, keywords=None, step_s: float = 1.0) -> FakeStream:
         s = FakeStream(self, language, keywords, step_s)
         with self._lock:
@@ -164,7 +171,7 @@ def start_server_process(*flags: str, env: dict | None = None, timeout: float = 
 
 if __name__ == "__main__":
     # `python tests/fakes.py serve [serve flags] [--fake-pass-s S] [--fake-fail-after N]`
-    from service.server import main
+    from whistle_stream.service.server import main
 
     argv = sys.argv[1:]
     if argv[:1] == ["serve"]:

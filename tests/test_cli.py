@@ -8,6 +8,8 @@ import types
 
 import pytest
 
+from harness.blocked import run_without
+
 import whistle_stream
 from whistle_stream import cli, models
 
@@ -270,15 +272,28 @@ def test_transcribe_rejects_a_bad_beam_count(fake_whistle, capsys, beams):
 # ---------------------------------------------------------------------------------------------
 # serve, version, the console script
 
-def test_serve_delegates_its_arguments_to_the_service(monkeypatch):
+def test_serve_delegates_its_arguments_to_the_service_with_the_captions_page(monkeypatch):
+    from whistle_stream import service
+    from whistle_stream.clients import WEB_ROOT
+
     seen = []
-    server = types.ModuleType("service.server")
-    server.main = lambda argv: seen.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "service.server", server)
-    import service
+    server = types.ModuleType("whistle_stream.service.server")
+    server.main = lambda argv, web_root=None: seen.append((argv, web_root)) or 0
+    monkeypatch.setitem(sys.modules, "whistle_stream.service.server", server)
     monkeypatch.setattr(service, "server", server, raising=False)
     assert cli.main(["serve", "--port", "9000", "--help"]) == 0
-    assert seen == [["--port", "9000", "--help"]]
+    assert seen == [(["--port", "9000", "--help"], WEB_ROOT)]
+    assert (WEB_ROOT / "index.html").is_file()
+
+
+def test_serve_without_the_server_extra_names_the_missing_package():
+    done = run_without(["websockets"], """
+        import sys
+        from whistle_stream import cli
+        sys.exit(cli.main(["serve"]))
+    """)
+    assert done.returncode == 2, done.stderr
+    assert "'websockets'" in done.stderr and "whistle-stream[server]" in done.stderr
 
 
 def test_version_prints_the_package_version(capsys):

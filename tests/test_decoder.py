@@ -37,7 +37,7 @@ from whistle_stream.container import CactFile
 from whistle_stream.blocks import fake_quant_int8
 from whistle_stream.decoder import MEMORY_FRAME_BLOCK, Decoder, _memory_codes, ladder_layers, ladder_order, sinusoids
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
-from whistle_stream.decoder_kernels import (
+from whistle_stream.kernels.decoder import (
     _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
     _gather_levels, _kron_rows, _levels_rows, _push_ring,
 )
@@ -204,8 +204,8 @@ def test_rotated_products_equal_the_dequantised_product(group):
 
 SIMD_CHECK = """
 import numpy as np
-from whistle_stream import simd
-from whistle_stream.decoder_kernels import _codes2_rows, _levels_rows
+from whistle_stream.kernels import simd
+from whistle_stream.kernels.decoder import _codes2_rows, _levels_rows
 assert simd.PATH == "{path}", simd.PATH
 rng = np.random.default_rng(5)
 n_out, k_pad, group = 9, 256, 128
@@ -243,7 +243,7 @@ def test_every_simd_path_computes_the_same_products(path, tmp_path):
 
 def test_an_unknown_simd_path_is_reported_and_ignored(tmp_path):
     env = dict(os.environ, WHISTLE_SIMD="neon", NUMBA_CACHE_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", "import whistle_stream.simd as s; print(s.PATH)"], env=env,
+    done = subprocess.run([sys.executable, "-c", "import whistle_stream.kernels.simd as s; print(s.PATH)"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() in ("avx512", "avx2", "generic")
     assert "WHISTLE_SIMD must be one of avx512, avx2, generic, got 'neon'; choosing from the CPU" in done.stderr

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from whistle_stream import encoder as E
+from whistle_stream.kernels import encoder as EK
 
 RNG = np.random.default_rng(0)
 
@@ -78,7 +79,7 @@ def test_stem_kernel_rows_are_time_major_and_not_flipped():
 def test_depthwise_time_conv_is_same_padded_and_unflipped():
     g, w = rand(11, 5), rand(9, 5)
     out = np.empty_like(g)
-    E._conv_time(g, w, out)
+    EK._conv_time(g, w, out)
     gp = np.pad(g, ((4, 4), (0, 0)))
     want = sum(gp[k:k + 11] * w[k] for k in range(9))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
@@ -89,7 +90,7 @@ def test_depthwise_time_conv_is_same_padded_and_unflipped():
 def test_odd_kernel_width_pads_evenly():
     g, w = rand(6, 3), rand(7, 3)
     out = np.empty_like(g)
-    E._conv_time(g, w, out)
+    EK._conv_time(g, w, out)
     gp = np.pad(g, ((3, 3), (0, 0)))
     np.testing.assert_allclose(out, sum(gp[k:k + 6] * w[k] for k in range(7)), rtol=1e-5, atol=1e-6)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients import listen
-from clients.client import ListenClient
+from whistle_stream.clients import listen
+from whistle_stream.clients.client import ListenClient
 from fakes import FakeWhistle, start_server_process, stream_reference
-from service import protocol as P
-from service.config import ServiceConfig
-from service.server import build_app
+from whistle_stream.service import protocol as P
+from whistle_stream.service.config import ServiceConfig
+from whistle_stream.service.server import build_app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -193,7 +193,7 @@ def test_an_unreadable_file_is_a_clear_error(tmp_path, capsys):
 
 def test_ctrl_c_finalizes_and_prints_a_summary(server, tmp_path):
     write_wav(tmp_path / "long.wav", 30.0)
-    proc = subprocess.Popen([sys.executable, "-m", "clients.listen", "--server", server, "--file",
+    proc = subprocess.Popen([sys.executable, "-m", "whistle_stream.clients.listen", "--server", server, "--file",
                              str(tmp_path / "long.wav"), "--speed", "2", "--no-vad"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2.5)   # about 5 s of audio sent

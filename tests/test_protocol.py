@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from service import protocol as P
-from service.protocol import ErrorCode as E
+from whistle_stream.service import protocol as P
+from whistle_stream.service.protocol import ErrorCode as E
 
 LANGS = ("en", "de", "fr")
 

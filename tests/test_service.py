@@ -11,11 +11,12 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from clients.client import ListenClient, to_pcm
+from whistle_stream.clients import WEB_ROOT
+from whistle_stream.clients.client import ListenClient, to_pcm
 from fakes import FakeWhistle, stream_reference
-from service import protocol as P
-from service.config import ServiceConfig
-from service.server import build_app
+from whistle_stream.service import protocol as P
+from whistle_stream.service.config import ServiceConfig
+from whistle_stream.service.server import build_app
 
 RATE = 16000
 
@@ -31,7 +32,7 @@ def voiced(seconds: float) -> np.ndarray:
 
 async def start(model=None, **settings):
     config = ServiceConfig(port=0, workers=2, **settings)
-    return await build_app(model=model or FakeWhistle(), config=config).start()
+    return await build_app(model=model or FakeWhistle(), config=config, web_root=WEB_ROOT).start()
 
 
 async def http_get(app, path: str) -> tuple[int, str, str]:
@@ -254,6 +255,15 @@ async def test_the_captions_page_and_script_are_served(app):
     status, kind, body = await http_get(app, "/captions.js")
     assert status == 200 and "javascript" in kind and "/v1/listen" in body
     assert (await http_get(app, "/nope"))[0] == 404
+
+
+async def test_without_a_web_root_the_server_serves_no_page():
+    app = await build_app(model=FakeWhistle(), config=ServiceConfig(port=0)).start(warm=False)
+    try:
+        assert (await http_get(app, "/"))[0] == 404
+        assert (await http_get(app, "/healthz"))[0] == 200
+    finally:
+        await app.close()
 
 
 # -- bad input: every case gets its documented code, the server stays up, others are unaffected ------

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from service.audio import RATE, AudioPath, Chunk, EndOfSpeech, TimeMap
+from whistle_stream.service.audio import RATE, AudioPath, Chunk, EndOfSpeech, TimeMap
 
 
 def voiced(seconds: float, rate: int = RATE) -> np.ndarray:

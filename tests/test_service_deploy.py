@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from service.config import ServiceConfig, env_name
+from whistle_stream.service.config import ServiceConfig, env_name
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 ROOT = DOCKER.parent

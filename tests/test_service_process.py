@@ -8,10 +8,10 @@ import signal
 import numpy as np
 import pytest
 
-from clients.client import ListenClient, ServerUnreachable, SessionEnded
+from whistle_stream.clients.client import ListenClient, ServerUnreachable, SessionEnded
 from fakes import FakeWhistle, start_server_process, stream_reference
-from service import protocol as P
-from service.config import ServiceConfig, add_serve_arguments, config_from_args
+from whistle_stream.service import protocol as P
+from whistle_stream.service.config import ServiceConfig, add_serve_arguments, config_from_args
 
 
 def parse(argv, environ=None):

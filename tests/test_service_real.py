@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import soxr
 
-from clients.client import ListenClient, to_pcm
-from service import protocol as P
-from service.config import ServiceConfig
-from service.server import build_app
+from whistle_stream.clients.client import ListenClient, to_pcm
+from whistle_stream.service import protocol as P
+from whistle_stream.service.config import ServiceConfig
+from whistle_stream.service.server import build_app
 
 pytestmark = pytest.mark.slow
 

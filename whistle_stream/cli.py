@@ -185,14 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `whistle-stream` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        try:
-            from service import server  # the service is optional to the engine; load it only here
+        try:   # the service is an extra of the engine: load it only here
+            from whistle_stream.clients import WEB_ROOT
+            from whistle_stream.service import server
         except ModuleNotFoundError as e:
-            if e.name not in ("service", "service.server"):
-                raise
-            print(f"{PROG}: error: the WebSocket service is not installed ({e.name} is missing)", file=sys.stderr)
+            print(f"{PROG}: error: the WebSocket service needs {e.name!r}, which is not installed; "
+                  "install it with: pip install 'whistle-stream[server]'", file=sys.stderr)
             return EXIT_ERROR
-        return server.main(argv[1:]) or 0
+        return server.main(argv[1:], web_root=WEB_ROOT) or 0
     args = build_parser().parse_args(argv)
     try:
         if args.command == "info":

@@ -29,7 +29,7 @@ import numpy as np
 from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
-from .decoder_kernels import (
+from .kernels.decoder import (
     _block_step, _codes2_rows, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
 )
 

@@ -1,4 +1,6 @@
-"""Small Numba kernels shared by the encoder and the decoder.
+"""The engine's Numba kernels: this module holds the ones the encoder and decoder share;
+`decoder`, `encoder`, `alignment` and `simd` hold the rest. Keeping every kernel in this package
+lets one cache stamp (`_cache`) invalidate them together.
 
 Every kernel is private, takes its output array as `out=` and trusts its caller on dtype and
 shape; `blocks.py` holds the public wrappers that check them once. Weights are read-only arrays
@@ -10,13 +12,18 @@ Tunables live here and nowhere else.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import LANES, _dot5
+from ._cache import drop_stale
+
+drop_stale(Path(__file__).parent)   # before any kernel of the package loads from the cache
+
+from .simd import LANES, _dot5  # noqa: E402
 
 # Reassociation lets LLVM vectorise the dot-product reductions (AVX2, 8 lanes); it changes
 # only the order of a float sum. Kernels that must round exactly like the reference

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .kernels import (
+from . import (
     GEMM_FASTMATH, JIT_OPTIONS, _dot5_rows, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale,
     _lane_combine, _lane_mix, _rms_unit_rows, _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
 )

@@ -1,0 +1,58 @@
+"""Keep Numba's on-disk cache of this package's kernels consistent with their sources.
+
+Numba keys a cached kernel by its own source file only: a kernel that inlines a helper from a
+sibling file (`_exp_neg`, the `simd` intrinsics) would load stale machine code after the helper
+changed. Every kernel lives in this package, so one stamp over all of its sources guards them
+all: when any source differs from the stamp, every cached kernel of the package is dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+STAMP = "sources.sha256"
+CACHE_SUFFIXES = (".nbi", ".nbc")
+
+
+def sources_digest(package_dir: Path) -> str:
+    """SHA-256 over the package's .py files, names and contents, in name order."""
+    h = hashlib.sha256()
+    for path in sorted(package_dir.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cache_dirs(package_dir: Path) -> list[Path]:
+    """Where Numba writes this package's cache: __pycache__ beside the sources, or below
+    NUMBA_CACHE_DIR when that is set (Numba mirrors the source folder's absolute path there)."""
+    dirs = [package_dir / "__pycache__"]
+    root = os.environ.get("NUMBA_CACHE_DIR")
+    if root:
+        dirs.append(Path(root) / package_dir.resolve().relative_to(package_dir.resolve().anchor))
+    return dirs
+
+
+def drop_stale(package_dir: Path) -> int:
+    """Delete the package's cached kernels if its sources changed since they were cached; returns
+    how many files went. A cache folder that cannot be written is left alone (Numba then
+    compiles without it)."""
+    digest = sources_digest(package_dir)
+    dropped = 0
+    for folder in cache_dirs(package_dir):
+        stamp = folder / STAMP
+        try:
+            if stamp.read_text().strip() == digest:
+                continue
+        except OSError:
+            pass
+        try:
+            for path in folder.iterdir():
+                if path.suffix in CACHE_SUFFIXES:
+                    path.unlink()
+                    dropped += 1
+            stamp.write_text(digest + "\n")
+        except OSError:
+            continue
+    return dropped
