@@ -1,32 +1,41 @@
-# Two entry points: `make serve` runs the service on the embedded demo model,
-# `make test` runs the whole test suite. Each creates .venv on first use.
+# Two entry points: `make serve` runs the service on the bundled demo model, `make test` runs the
+# layer contracts and the whole test suite. Each creates .venv on first use.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# pip prints setuptools' build warnings (an editable install's notice) even with -q.
+PIP := PYTHONWARNINGS=ignore $(BIN)/pip install -q
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.venv:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(PIP) --upgrade pip
 	touch $@
 
-$(BIN)/.installed-reference: $(BIN)/.installed
-	$(BIN)/pip install -q -e '.[test,reference]'
+$(BIN)/.installed: pyproject.toml $(BIN)/.venv
+	$(PIP) -e '.[server,mic]'
 	touch $@
 
-.PHONY: serve test test-fast install clean-jit
+$(BIN)/.installed-test: pyproject.toml $(BIN)/.venv
+	$(PIP) -e '.[test,reference]'
+	touch $@
+
+.PHONY: serve test test-fast layers install clean-jit
 install: $(BIN)/.installed
 
 serve: $(BIN)/.installed
 	$(BIN)/whistle-stream serve
 
-test: $(BIN)/.installed-reference
+test: $(BIN)/.installed-test layers
 	$(BIN)/python -m pytest -q -ra
 
-test-fast: $(BIN)/.installed-reference
+test-fast: $(BIN)/.installed-test
 	$(BIN)/python -m pytest -q -m 'not slow'
 
-# Numba's on-disk cache is keyed by each kernel's own source file: a kernel inlined from another
-# module (kernels._exp_neg) does not invalidate its callers. Run this after editing kernels.
+# import-linter's contracts (pyproject.toml): engine -> session core -> transport -> clients.
+layers: $(BIN)/.installed-test
+	$(BIN)/python tools/check_layers.py
+
+# Numba's cache is dropped by whistle_stream/kernels/_cache.py whenever a kernel source changes;
+# this removes it by hand.
 clean-jit:
 	find whistle_stream -name '*.nbi' -delete -o -name '*.nbc' -delete
