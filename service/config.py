@@ -10,6 +10,8 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 
+from whistle_stream.streaming import MAX_STEP_S, MIN_STEP_S
+
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -48,7 +50,7 @@ class ServiceConfig:
             (self.control_rate > 0 and self.control_burst >= 1, "control_rate/control_burst must be positive"),
             (0 <= self.vad_aggressiveness <= 3, "vad_aggressiveness must be 0..3"),
             (self.end_of_speech_ms >= 30, "end_of_speech_ms must be at least 30 (one VAD frame)"),
-            (0.1 <= self.step_s <= 30, "step_s must be 0.1..30 seconds"),
+            (MIN_STEP_S <= self.step_s <= MAX_STEP_S, f"step_s must be {MIN_STEP_S:g}..{MAX_STEP_S:g} seconds"),
             (self.send_queue >= 1 and self.send_timeout > 0, "send_queue/send_timeout must be positive"),
             (self.drain_timeout >= 0, "drain_timeout must be non-negative"),
         ]

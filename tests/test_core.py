@@ -201,3 +201,14 @@ def test_the_auth_decision(expected, header, query, ok):
         with pytest.raises(P.ProtocolError) as info:
             check_token(expected, header, query)
         assert info.value.code is E.UNAUTHORIZED and info.value.close_code == 4401
+
+
+def test_the_service_step_range_is_the_engine_s():
+    from whistle_stream.service.config import ServiceConfig
+    from whistle_stream.streaming import MAX_STEP_S, StreamSession
+
+    ServiceConfig(step_s=MAX_STEP_S)
+    with pytest.raises(ValueError, match="step_s must be 0.1..10 seconds"):
+        ServiceConfig(step_s=20)
+    with pytest.raises(ValueError):
+        StreamSession(FakeWhistle(), step_s=MAX_STEP_S + 0.1)

@@ -22,8 +22,8 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .kernels.alignment import _dtw
+from .rules import LOUDNESS, WORD_START, quiet, speech_level
 
-SPACE_PIECE = "\u2581"  # sentencepiece's word-start marker
 _STD_FLOOR = 1e-6  # a frame every token attends to equally carries no timing information
 MIN_PAUSE_FRAMES = 2  # a pause that parts words: 160 ms; a stop consonant's closure ("pi-ck") can leave one
                       # silent 80 ms frame inside a word, and joined words one between them
@@ -89,7 +89,7 @@ def _word_starts(token_ids: Sequence[int], tokenizer: Detokenizer) -> list[bool]
     (from `id_to_piece` when the tokenizer has it, else from the growth of incremental decodes)."""
     to_piece = getattr(tokenizer, "id_to_piece", None)
     if callable(to_piece):
-        return [i == 0 or str(to_piece(int(t))).startswith(SPACE_PIECE) for i, t in enumerate(token_ids)]
+        return [i == 0 or str(to_piece(int(t))).startswith(WORD_START) for i, t in enumerate(token_ids)]
     starts, prev = [], ""
     for i in range(len(token_ids)):
         text = tokenizer.decode([int(t) for t in token_ids[: i + 1]])
@@ -193,7 +193,8 @@ def word_times(weights: np.ndarray, token_ids: Sequence[int], token_probs: Seque
     return words
 
 
-def sounding_frames(pcm: np.ndarray, frame_samples: int, frames: int, floor_db: float = 35.0) -> np.ndarray:
+def sounding_frames(pcm: np.ndarray, frame_samples: int, frames: int,
+                    floor_db: float = LOUDNESS.sounding_db) -> np.ndarray:
     """(frames,) bool: whether each encoder frame of pcm (frame k = samples [k, k + 1) x
     frame_samples, zero past the end) holds sound, i.e. its RMS is within floor_db of the clip's
     speech level (the 90th percentile frame). All True when nothing stands out (noise as loud as
@@ -204,10 +205,10 @@ def sounding_frames(pcm: np.ndarray, frame_samples: int, frames: int, floor_db: 
     n = min(len(pcm), len(x))
     x[:n] = np.asarray(pcm[:n], np.float64)
     rms = np.sqrt(np.mean(x.reshape(frames, frame_samples) ** 2, axis=1)) if frames else np.zeros(0)
-    level = float(np.percentile(rms, 90)) if frames else 0.0
+    level = speech_level(rms)
     if level <= 0.0:
         return np.ones(frames, bool)
-    return rms > level * 10.0 ** (-floor_db / 20.0)
+    return ~quiet(rms, level, floor_db)
 
 
 def trim_to_sound(words: list[dict], sounding: np.ndarray, frame_seconds: float, offset_s: float = 0.0) -> list[dict]:

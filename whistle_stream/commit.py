@@ -16,6 +16,7 @@ import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
+from .rules import ends_sentence
 from .search import LOOP_MAX_UNIT, LOOP_REPEATS, cut_loop, find_loop
 
 _EPS = 1e-6
@@ -30,7 +31,6 @@ DOUBLED_MIN_WORDS = 3  # a hypothesis ending in a unit of at least this many wor
 # number of equal first words, then aligned with them word by word (substitutions allowed).
 RESTART_MIN_WORDS = 3
 MIN_COMMIT_PROBABILITY = 0.6  # see CommitPolicy.min_probability
-_SENTENCE_END = (".", "?", "!")
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,9 @@ def doubled_tail(texts: Sequence[str], min_words: int = DOUBLED_MIN_WORDS) -> in
 def restarted_sentence(words: Sequence[str], min_words: int = RESTART_MIN_WORDS) -> tuple[int, int] | None:
     """(a, b) when the sentence words[a:b] is followed by a sentence starting at b whose first
     `min_words` words equal its own: the earlier of two readings of the same audio. Sentences start
-    at words[0] and after a word ending in . ? or !; words are raw texts (compared normalised)."""
-    starts = [0] + [i + 1 for i in range(len(words) - 1) if words[i].rstrip().endswith(_SENTENCE_END)]
+    at words[0] and after a word that ends one (`rules.ends_sentence`); words are raw texts (compared
+    normalised)."""
+    starts = [0] + [i + 1 for i in range(len(words) - 1) if ends_sentence(words[i])]
     for a, b in zip(starts, starts[1:]):
         if len(words) - b >= min_words and b - a >= min_words and \
                 [normalise(w) for w in words[a:a + min_words]] == [normalise(w) for w in words[b:b + min_words]]:
@@ -212,7 +213,7 @@ class CommitPolicy:
                 break
             # The earlier reading is (partly) committed: the later one goes, through its sentence end.
             b = restart[1]
-            end = next((i + 1 for i in range(b, len(reading)) if reading[i].rstrip().endswith(_SENTENCE_END)),
+            end = next((i + 1 for i in range(b, len(reading)) if ends_sentence(reading[i])),
                        len(reading))
             tail = tail[:b - len(current)] + tail[end - len(current):]
         while (restart := restarted_sentence([w.word for w in tail])) is not None:

@@ -11,15 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-WINDOW_S = 30.0  # §8: "Up to 30 seconds is one pass"
-SENTENCE_END = (".", "!", "?", "\u2026")
-_CLOSERS = "\"'\u201d\u2019)]}\u00bb"  # a sentence can end inside a quote or bracket: `said."`
+from .rules import WINDOW_S, ends_sentence
+
 _EPS = 1e-9
-
-
-def ends_sentence(word: str) -> bool:
-    """Whether a word's text ends a sentence (. ! ? …, possibly before closing quotes/brackets)."""
-    return word.rstrip().rstrip(_CLOSERS).endswith(SENTENCE_END)
 
 
 def cut_point(words: Sequence[dict], window_s: float, min_frac: float = 0.4,

@@ -21,9 +21,9 @@ from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long
 from .models import resolve_model
+from .rules import WINDOW_S
 from .search import _text_logprobs, beam_search
 
-WINDOW_S = 30.0  # guide §8: up to 30 s is one pass; longer audio runs as 30 s windows
 
 
 class Whistle:

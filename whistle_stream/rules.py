@@ -1,0 +1,55 @@
+"""Rules several stages share, each defined once: the 30 s window, sentence ends, the word-start
+marker, and the loudness rules (docs/engine.md §8, docs/streaming.md, docs/word-times.md).
+
+Loudness is judged against a clip's *speech level*, the 90th percentile of its frames' RMS, and
+a frame is *quiet* when it is at least some dB under that level. Each rule's dB figure is in
+`LOUDNESS`, the one table of thresholds:
+
+| rule                           | dB under the speech level | used by                         |
+|--------------------------------|---------------------------|---------------------------------|
+| `pause_db`: a pause, silence   | 40                        | streaming (utterance ends)      |
+| `clean_db`: no noise floor     | 50                        | streaming (`sound_span`)        |
+| `sounding_db`: a frame sounds  | 35                        | word times (`sounding_frames`)  |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+WINDOW_S = 30.0             # §8: up to 30 s of audio is one pass; longer audio runs in such windows
+SENTENCE_END = (".", "!", "?", "\u2026")
+_CLOSERS = "\"'\u201d\u2019)]}\u00bb"   # a sentence can end inside a quote or bracket: `said."`
+WORD_START = "\u2581"       # "▁": sentencepiece's visible space, which opens a word's first piece
+SPEECH_PERCENTILE = 90.0    # the frame RMS percentile that stands for a clip's speech level
+
+
+@dataclass(frozen=True)
+class Loudness:
+    pause_db: float = 40.0
+    clean_db: float = 50.0
+    sounding_db: float = 35.0
+
+
+LOUDNESS = Loudness()
+
+
+def ends_sentence(word: str) -> bool:
+    """Whether a word's text ends a sentence (. ! ? …, possibly before closing quotes/brackets)."""
+    return word.rstrip().rstrip(_CLOSERS).endswith(SENTENCE_END)
+
+
+def speech_level(rms: np.ndarray) -> float:
+    """A clip's speech level from its frames' RMS (0.0 for no frames)."""
+    return float(np.percentile(rms, SPEECH_PERCENTILE)) if len(rms) else 0.0
+
+
+def quiet_under(level: float, db: float) -> float:
+    """The RMS at or under which a frame is `db` under `level`."""
+    return level * 10.0 ** (-db / 20.0)
+
+
+def quiet(rms: np.ndarray, level: float, db: float) -> np.ndarray:
+    """(frames,) bool: the frames at least `db` under `level`."""
+    return np.asarray(rms) <= quiet_under(level, db)

@@ -21,29 +21,27 @@ import numpy as np
 
 from .commit import CommitPolicy, Word
 from .longform import cut_point
+from .rules import LOUDNESS, WINDOW_S, quiet, quiet_under, speech_level
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Whistle
 
-MAX_BUFFER_S = 30.0  # guide §8: one pass covers at most 30 s
+MAX_BUFFER_S = WINDOW_S  # one pass covers at most one window
+MIN_STEP_S, MAX_STEP_S = 0.1, 10.0  # the pass step a stream accepts (the service's range too)
 # Audio kept before the first uncommitted word when trimming: word edges are only known to one
 # encoder frame (80 ms), and a little left context keeps the first pending word's onset intact.
 TRIM_MARGIN_S = 0.24
-# A pause ends an utterance: PAUSE_S seconds of 20 ms frames all quieter than the buffer's speech
-# level (its 90th-percentile frame) by PAUSE_DB, in the newest step of audio. The words before it
-# are committed (the pass heard their whole utterance) and the buffer restarts at the pause.
+# A pause ends an utterance: PAUSE_S seconds of 20 ms frames all quiet (rules.LOUDNESS.pause_db
+# under the buffer's speech level), in the newest step of audio. The words before it are committed
+# (the pass heard their whole utterance) and the buffer restarts at the pause.
 PAUSE_S = 0.45
-PAUSE_DB = 40.0
 PAUSE_FRAME = 320  # samples: 20 ms at 16 kHz
-QUIET = 10.0 ** (-PAUSE_DB / 20.0)  # a buffer whose every frame is this far under the last speech is silence
 # Words two passes agree on are committed only once they end HOLD_S before the pass's audio ends;
-# the newest second stays pending, and at a pause the whole utterance is read at once. On the demo
-# stream (40 held-out sentences, run 5 model): streamed WER 14.0 % with no hold, 12.8 % with 1 s
-# (one-shot 10.5 %); median commit latency 1.54 s (1.5 s and 2 s holds: same WER, 1.84 / 2.25 s).
+# the newest second stays pending, and at a pause the whole utterance is read at once
+# (docs/streaming.md has the measurements behind the figure).
 HOLD_S = 1.0
 EDGE_ZEROS_S = 0.02  # digital silence a pass keeps after noisy speech (see sound_span)
 CLEAN_MARGIN_S = 0.3  # ... and on each side of clean speech (no noise floor)
-CLEAN_FLOOR_DB = 50.0  # clean: the quietest 20 ms frame is this far below the speech level
 
 
 class StreamSession:
@@ -54,18 +52,17 @@ class StreamSession:
     (`pending`), `language`, `received` seconds, `pass_ms` (0 when no pass ran) and `revision`.
     """
 
-    # Issue 7: silence after speech finalizes the pending tail once it is stable for two passes. The
-    # pass that finds the pause hears the utterance up to it; a tail it reads differently from the
-    # pass before waits for a second pass at the pause (final after it in any case). On the demo
-    # streams the second pass reads what the first did (it hears the same audio: the added silence is
-    # trimmed), so no committed word changed; the tail's commit comes one step later there.
-    stable_at_pause = True
-
     def __init__(self, model: "Whistle", language: str | None = None, keywords=None, step_s: float = 1.0,
                  beams: int | None = None, on_pass: Callable[[dict], None] | None = None,
-                 on_trim: Callable[[float], None] | None = None):
-        if not (0.1 <= float(step_s) <= 10.0):
-            raise ValueError(f"step_s must be between 0.1 and 10 seconds, got {step_s!r}")
+                 on_trim: Callable[[float], None] | None = None, stable_at_pause: bool = True):
+        if not (MIN_STEP_S <= float(step_s) <= MAX_STEP_S):
+            raise ValueError(f"step_s must be between {MIN_STEP_S:g} and {MAX_STEP_S:g} seconds, "
+                             f"got {step_s!r}")
+        # Silence after speech finalizes the pending tail once two passes read it the same: the pass
+        # that finds the pause hears the utterance up to it; a tail it reads differently from the
+        # pass before waits for a second pass at the pause (final after it in any case).
+        # False commits the tail at the first pass that finds the pause.
+        self.stable_at_pause = stable_at_pause
         self.model = model
         self.rate = model.dims.rate
         self.step = int(round(float(step_s) * self.rate))
@@ -87,6 +84,7 @@ class StreamSession:
         self._pause_at: int | None = None  # an utterance end (sample) waiting for a second reading
         self.passes = 0
         self.pass_seconds_total = 0.0
+        self._committed_words = 0  # words committed so far: later text pieces open with a space
 
     # ---- public API ------------------------------------------------------------------------
     def configure(self, keywords=None) -> None:
@@ -185,8 +183,9 @@ class StreamSession:
         first, last = sound_span(heard, self.rate)
         offset = (self._buffer_start + first) / self.rate
         levels = frame_levels(heard[first:last], self.rate)
-        if self._speech_level > 0.0 and float(levels.max(initial=0.0)) <= self._speech_level * QUIET:
-            # Every frame the pass would hear is PAUSE_DB under the stream's last speech: silence,
+        if self._speech_level > 0.0 and float(levels.max(initial=0.0)) <= quiet_under(self._speech_level,
+                                                                                         LOUDNESS.pause_db):
+            # Every frame the pass would hear is pause_db under the stream's last speech: silence,
             # however the silence gate (§8, relative to the clip itself) judges a faint tail.
             # Decoded, the faint end of a synthesised sentence became "Skip to the twentieth song."
             result = {"speech": False, "language": "", "words": []}
@@ -196,7 +195,7 @@ class StreamSession:
                 heard[first:last], language=self.language or None, keywords=self.keywords, beams=self.beams,
                 open_end=gap is None)
             if result["speech"] and len(levels):
-                self._speech_level = float(np.percentile(levels, 90))
+                self._speech_level = speech_level(levels)
         self.passes += 1
         words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"])
                  for w in result["words"]]
@@ -235,6 +234,7 @@ class StreamSession:
         self._pending = pending
         if result.new:
             out["words"].extend(result.new)
+            self._committed_words += len(result.new)
         if changed:
             self.revision += 1
 
@@ -275,12 +275,21 @@ class StreamSession:
         return False
 
     def _finish_dict(self, out: dict, received: int | None = None) -> dict:
+        """The dict a call (or a pass, for on_pass) returns. Its `text` opens with a space when
+        words were committed before its own, and `pending` when any were, so that the committed
+        pieces of a stream concatenate to its transcript and the pending tail follows it."""
         words = out["words"]
         received = self._received if received is None else received
+        text = _join(words)
+        if text and self._committed_words > len(words):
+            text = " " + text
+        pending = _join(self._pending)
+        if pending and self._committed_words:
+            pending = " " + pending
         return {
-            "text": _join(words),
+            "text": text,
             "words": [w.to_dict() for w in words],
-            "pending": _join(self._pending),
+            "pending": pending,
             "language": self.language,
             "received": round(received / self.rate, 6),
             "pass_ms": round(out["pass_ms"], 3),
@@ -289,7 +298,7 @@ class StreamSession:
 
 
 def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PAUSE_S,
-               drop_db: float = PAUSE_DB, leading: bool = True) -> int | None:
+               drop_db: float = LOUDNESS.pause_db, leading: bool = True) -> int | None:
     """The sample at the middle of the last pause of `audio` that ends after sample `since`, or None.
 
     A pause is a run of at least `pause_s` seconds of 20 ms frames all `drop_db` below the clip's
@@ -303,9 +312,9 @@ def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PA
         return None
     head = len(audio) - n * frame  # frames are aligned to the clip's end
     rms = frame_levels(audio, rate)
-    level = float(np.percentile(rms, 90))
-    quiet = rms <= level * 10.0 ** (-drop_db / 20.0) if level > 0.0 else np.ones(n, bool)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]])))
+    level = speech_level(rms)
+    still = quiet(rms, level, drop_db) if level > 0.0 else np.ones(n, bool)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], still.astype(np.int8), [0]])))
     for start, end in zip(edges[-2::-2], edges[::-2]):  # quiet runs [start, end), newest first
         if head + end * frame <= since:
             return None
@@ -324,7 +333,7 @@ def frame_levels(audio: np.ndarray, rate: int = 16000) -> np.ndarray:
 
 
 def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_S,
-               margin_s: float = CLEAN_MARGIN_S, floor_db: float = CLEAN_FLOOR_DB) -> tuple[int, int]:
+               margin_s: float = CLEAN_MARGIN_S, floor_db: float = LOUDNESS.clean_db) -> tuple[int, int]:
     """The span a pass transcribes: the non-zero audio, with digital silence kept around it only
     where the recording has no noise floor.
 
@@ -346,8 +355,8 @@ def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_
     first, last = int(nz[0]), int(nz[-1]) + 1
     rms = frame_levels(audio[first:last], rate)
     if len(rms) >= 3:
-        level = float(np.percentile(rms, 90))
-        if level > 0.0 and float(rms.min()) < level * 10.0 ** (-floor_db / 20.0):
+        level = speech_level(rms)
+        if level > 0.0 and float(rms.min()) < quiet_under(level, floor_db):
             margin = int(margin_s * rate)
             return max(0, first - margin), min(len(audio), last + margin)
     return first, min(len(audio), last + int(keep_s * rate))

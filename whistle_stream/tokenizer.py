@@ -25,11 +25,11 @@ import struct
 from collections.abc import Iterable
 
 from .errors import ModelFormatError
+from .rules import WORD_START as SPACE
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 3, 4
 _TYPE_NAMES = ("NORMAL", "UNKNOWN", "CONTROL", "USER_DEFINED", "BYTE")
 
-SPACE = "\u2581"  # "▁", sentencepiece's visible space
 
 _HEADER = struct.Struct("<IIIIIBBH")
 _RECORD = struct.Struct("<fBH")
