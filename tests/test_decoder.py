@@ -38,7 +38,7 @@ from whistle_stream.blocks import fake_quant_int8
 from whistle_stream.decoder import MEMORY_FRAME_BLOCK, Decoder, _memory_codes, ladder_layers, ladder_order, sinusoids
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
 from whistle_stream.kernels.decoder import (
-    _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
+    _block_step, _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
     _gather_levels, _kron_rows, _levels_rows, _push_ring,
 )
 
@@ -609,3 +609,97 @@ def test_steps_split_over_threads_give_the_same_logits(odd_model, odd_decoder, m
     monkeypatch.setattr(K, "SPLIT_WEIGHTS", 1)  # split even the odd model's small matrices
     for a, b in zip(single, run()):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------- the fused layer, without the reference
+
+
+def test_a_fused_layer_equals_its_blocks_called_one_by_one():
+    """`_block_step` reads a layer through its `LayerStep` record; here the same blocks run one
+    call at a time with every argument taken by name from the decoder's own objects (the layer,
+    the lane mixer, the clip state). A record field built from the wrong array, or two swapped,
+    shows here; no JAX reference needed (the bundled demo model)."""
+    import copy
+
+    from whistle_stream.blocks import SINKHORN_ITERS
+    from whistle_stream.kernels import decoder as DK
+    from whistle_stream.models import demo_model_path
+
+    dec = Decoder(CactFile(demo_model_path()))
+    d = dec.dims
+    rng = np.random.default_rng(7)
+    enc = rng.standard_normal((40, d.width)).astype(np.float32)
+    rows, n_new, start = 1, 3, 0
+    for li, layer in enumerate(dec.layers):
+        state = dec.start(enc, beams=5)
+        state.anc[:rows, start:start + n_new] = 0
+        stream = dec.lanes.expand(rng.standard_normal((rows * n_new, d.width)).astype(np.float32))
+        n = stream.shape[0]
+        key = rng.standard_normal((n, d.width)).astype(np.float32)
+        value = rng.standard_normal((n, d.width)).astype(np.float32)
+        plain = copy.deepcopy(state)
+
+        fused_out = np.empty_like(stream)
+        fused_w = np.zeros((n, d.heads, state.frames), np.float32)
+        _block_step(stream, fused_out, fused_w, key, value, rows, start, state.layer_args[li])
+
+        # the same stages, argument by argument
+        lanes, i, eps, heads, kv = dec.lanes, layer.index, dec.shape.eps, d.heads, d.kv_heads
+        u = np.empty((n, d.width), np.float32)
+        hpost = np.empty((n, d.lanes), np.float32)
+        hres = np.empty((n, d.lanes, d.lanes), np.float32)
+        DK._lanes_in(stream, lanes.phi[i].weight, lanes.a_pre[i], lanes.a_post[i], lanes.a_res[i], lanes.b_pre[i],
+                     lanes.b_post[i], lanes.b_res[i], layer.lane, eps, SINKHORN_ITERS, u, hpost, hres)
+        x = u.copy()
+        _engram_mix(x, key, value, eps, dec.embed_scale)
+        pad = n + (-n) % 5
+        hq, hk, hv = plain.tap_hist[li]
+
+        def rotated(m):
+            return np.zeros((pad, m.codes.shape[1]), np.float32)
+
+        hr = rotated(layer.qkvg)
+        DK._norm_quant_rotate(x, layer.norm_in, eps, layer.qkvg.group, hr[:n])
+        y = np.empty((pad, layer.qkvg.codes.shape[0]), np.float32)
+        DK._product(hr, layer.qkvg.codes, layer.qkvg.norms, layer.qkvg.levels, layer.qkvg.group, y)
+        q = np.empty((rows, n_new, heads, d.qk_dim), np.float32)
+        DK._self_qkv(y[:n], rows, start, layer.q_taps, layer.k_taps, layer.v_taps, hq, hk, hv, plain.anc,
+                     layer.q_norm, layer.k_norm, dec.rope_cos, dec.rope_sin, eps, heads, kv, plain.k_pool[li],
+                     plain.v_pool[li], q)
+        att = np.empty((rows, n_new, heads, d.v_dim), np.float32)
+        _attend_pool(q, plain.k_pool[li], plain.v_pool[li], plain.anc, start, dec.q_scale, dec.logit_scale,
+                     plain.scores, att)
+        hr = rotated(layer.out)
+        DK._gate_quant_rotate(att.reshape((n, heads * d.v_dim)), y[:n, layer.qkvg.offsets[3]:], layer.out.group,
+                              hr[:n])
+        o = np.empty((pad, layer.out.codes.shape[0]), np.float32)
+        DK._product(hr, layer.out.codes, layer.out.norms, layer.out.levels, layer.out.group, o)
+        DK._gated_residual(x, o[:n], layer.post_norm, eps, layer.attn_gate)
+
+        hr = rotated(layer.cqg)
+        DK._norm_quant_rotate(x, layer.cross_norm, eps, layer.cqg.group, hr[:n])
+        y = np.empty((pad, layer.cqg.codes.shape[0]), np.float32)
+        DK._product(hr, layer.cqg.codes, layer.cqg.norms, layer.cqg.levels, layer.cqg.group, y)
+        qc = np.empty((n, heads, d.qk_dim), np.float32)
+        DK._head_norm_quant(y[:n, :heads * d.qk_dim], heads, layer.cq_norm, eps, qc)
+        att = np.empty((n, heads, d.v_dim), np.float32)
+        plain_w = np.zeros_like(fused_w)
+        (kc, ks), (vc, vs) = plain.cross_k[li], plain.cross_v[li]
+        _attend_memory(qc, kc, ks, vc, vs, dec.q_scale, dec.logit_scale, plain_w, att)
+        hr = rotated(layer.cout)
+        DK._gate_quant_rotate(att.reshape((n, heads * d.v_dim)), y[:n, heads * d.qk_dim:], layer.cout.group, hr[:n])
+        o = np.empty((pad, layer.cout.codes.shape[0]), np.float32)
+        DK._product(hr, layer.cout.codes, layer.cout.norms, layer.cout.levels, layer.cout.group, o)
+        DK._gated_residual(x, o[:n], layer.post_cross_norm, eps, layer.cross_gate)
+        m = layer.mlp
+        (w1a, w1b), (w2a, w2b), (w3a, w3b) = m.factors
+        DK._hadamard_residual(x, layer.pre_hada, m.d1, m.d2, m.b2, m.d3, m.d4, w1a, w1b, w2a, w2b, w3a, w3b,
+                              m.cond_vt, m.cond_u, m.p1, m.p2, np.arange(d.hada_n, dtype=np.int64), eps)
+        plain_out = np.empty_like(stream)
+        DK._lanes_out(stream, hres, hpost, x, u, plain_out)
+
+        np.testing.assert_allclose(fused_out, plain_out, rtol=1e-5, atol=1e-5, err_msg=f"layer {i}")
+        np.testing.assert_allclose(fused_w, plain_w, rtol=1e-5, atol=1e-6, err_msg=f"layer {i}")
+        np.testing.assert_allclose(state.k_pool[li], plain.k_pool[li], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(state.v_pool[li], plain.v_pool[li], rtol=1e-5, atol=1e-6)
+        assert np.abs(fused_out - stream).max() > 1e-3   # the layer did something

@@ -30,6 +30,7 @@ from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
 from .kernels.decoder import (
+    CrossAttention, HadamardMlp, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
     _block_step, _codes2_rows, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
 )
 
@@ -143,6 +144,10 @@ class _LevelsLinear:
         self.codes = np.ascontiguousarray(codes[0] if len(codes) == 1 else np.concatenate(codes))
         self.norms = np.ascontiguousarray(norms[0] if len(norms) == 1 else np.concatenate(norms))
 
+    def record(self) -> Rotated:
+        """The matrix as the fused layer kernel reads it."""
+        return Rotated(codes=self.codes, norms=self.norms, levels=self.levels, group=self.group)
+
     def rotated(self, xr: np.ndarray) -> np.ndarray:
         """(rows, in_pad) rotated activation -> (rows, out). With kernels.GEMM_THREADS > 1 a large
         matrix is split by output columns over the shared pool (the kernels release the GIL).
@@ -203,17 +208,19 @@ class _Layer:
         self.pre_hada = a(p + "pre_hada")
         self.mlp = B.HadamardMLP.from_cact(cact, p[:-1], d.width)
         m = self.mlp
-        # The weights `_block_step` takes, in its order.
-        self.step_args = (
-            self.norm_in, *self._cq(self.qkvg), self.qkvg.offsets[3], self.q_taps, self.k_taps, self.v_taps,
-            self.q_norm, self.k_norm, *self._cq(self.out), self.post_norm, self.attn_gate,
-            self.cross_norm, *self._cq(self.cqg), self.cq_norm, *self._cq(self.cout), self.post_cross_norm,
-            self.cross_gate, self.pre_hada, m.d1, m.d2, m.b2, m.d3, m.d4, *m.factors[0], *m.factors[1],
-            *m.factors[2], m.cond_vt, m.cond_u, m.p1, m.p2)
-
-    @staticmethod
-    def _cq(linear: "_LevelsLinear") -> tuple:
-        return linear.codes, linear.norms, linear.levels, linear.group
+        # The weights `_block_step` reads, as its records (the per-clip ones come from `Decoder.start`).
+        self.attn = SelfAttention(
+            norm_in=self.norm_in, qkvg=self.qkvg.record(), gate_at=self.qkvg.offsets[3], q_taps=self.q_taps,
+            k_taps=self.k_taps, v_taps=self.v_taps, q_norm=self.q_norm, k_norm=self.k_norm,
+            out=self.out.record(), post_norm=self.post_norm, gate=self.attn_gate)
+        self.cross = CrossAttention(
+            norm=self.cross_norm, qg=self.cqg.record(), q_norm=self.cq_norm, out=self.cout.record(),
+            post_norm=self.post_cross_norm, gate=self.cross_gate)
+        (w1a, w1b), (w2a, w2b), (w3a, w3b) = m.factors
+        self.mlp_record = HadamardMlp(
+            pre=self.pre_hada, d1=m.d1, d2=m.d2, b2=m.b2, d3=m.d3, d4=m.d4, w1a=w1a, w1b=w1b, w2a=w2a,
+            w2b=w2b, w3a=w3a, w3b=w3b, cond_vt=m.cond_vt, cond_u=m.cond_u, p1=m.p1, p2=m.p2,
+            ident=np.arange(d.hada_n, dtype=np.int64))
 
 
 class _Engram:
@@ -254,7 +261,7 @@ class DecoderState:
     engram_hist: dict  # site -> ((conv taps - 1) * dilation + 1, capacity, width) raw value-row ring
     token_hist: np.ndarray  # (capacity, max order - 1) int64, the last tokens (0 before the start)
     scores: np.ndarray  # (heads per kv head, max_tokens) float32 attention scratch
-    layer_args: list  # per kept layer: `_block_step`'s arguments after the per-step ones
+    layer_args: list  # per kept layer: the `LayerStep` record `_block_step` reads
 
 
 class Decoder:
@@ -289,7 +296,14 @@ class Decoder:
         self.hashes = d.engram_hashes
         self.hash_stride = d.engram_seed_heads or d.engram_hashes
         self.engram_depth = (d.engram_conv_taps - 1) * d.engram_dilation
-        self.hada_ident = np.arange(d.hada_n, dtype=np.int64)
+        self.shape = Shape(cos_tab=self.rope_cos, sin_tab=self.rope_sin, eps=NORM_EPS, heads=d.heads,
+                           kv_heads=d.kv_heads, q_scale=self.q_scale, logit_scale=self.logit_scale,
+                           embed_scale=self.embed_scale)
+        lanes = self.lanes
+        self.lane_maps = [LaneMaps(phi=lanes.phi[i].weight, a_pre=lanes.a_pre[i], a_post=lanes.a_post[i],
+                                   a_res=lanes.a_res[i], b_pre=lanes.b_pre[i], b_post=lanes.b_post[i],
+                                   b_res=lanes.b_res[i], lane=layer.lane, iters=SINKHORN_ITERS)
+                          for layer in self.layers for i in (layer.index,)]
         self._no_engram = np.zeros((0, d.width), np.float32)  # a layer without an engram site
 
     # ---------------------------------------------------------------- public API
@@ -335,18 +349,15 @@ class Decoder:
             anc=np.zeros((cap, T), np.int32), tap_hist=tap_hist, engram_hist=engram_hist,
             token_hist=np.zeros((cap, max(max(self.orders, default=1) - 1, 0)), np.int64),
             scores=np.empty((d.heads // d.kv_heads, T), np.float32), layer_args=[])
-        # Everything `_block_step` takes after its per-step arguments, built once per clip (packing
-        # ~80 arguments per layer per step was a tenth of a millisecond of a 5-beam step).
-        consts = (self.rope_cos, self.rope_sin, NORM_EPS, d.heads, d.kv_heads, self.q_scale, self.logit_scale,
-                  self.hada_ident)
-        lanes = self.lanes
+        # Each layer's `LayerStep`, built once per clip (packing it per step was a tenth of a
+        # millisecond of a 5-beam step).
         for li, layer in enumerate(self.layers):
-            i = layer.index
-            state.layer_args.append((
-                lanes.phi[i].weight, lanes.a_pre[i], lanes.a_post[i], lanes.a_res[i], lanes.b_pre[i],
-                lanes.b_post[i], lanes.b_res[i], layer.lane, SINKHORN_ITERS, self.embed_scale,
-                *tap_hist[li], state.k_pool[li], state.v_pool[li], state.anc, state.scores, *cross_k[li],
-                *cross_v[li], *layer.step_args, *consts))
+            cache = SelfCache(*tap_hist[li], k_pool=state.k_pool[li], v_pool=state.v_pool[li], anc=state.anc,
+                              scores=state.scores)
+            memory = Memory(*cross_k[li], *cross_v[li])
+            state.layer_args.append(LayerStep(
+                lanes=self.lane_maps[li], cache=cache, memory=memory, attn=layer.attn, cross=layer.cross,
+                mlp=layer.mlp_record, shape=self.shape))
         return state
 
     def feed(self, state: DecoderState, tokens) -> np.ndarray:
@@ -488,7 +499,7 @@ class Decoder:
             weights = scratch  # a layer whose weights nobody keeps writes them here
             if collect is not None and layer.index in collect[0]:
                 weights = collect[1][layer.index] = np.empty((n, d.heads, state.frames), np.float32)
-            _block_step(stream, spare, weights, key, value, rows, start, *state.layer_args[li])
+            _block_step(stream, spare, weights, key, value, rows, start, state.layer_args[li])
             stream, spare = spare, stream
         xr = np.empty((n, self.head.k_pad), np.float32)
         _norm_quant_rotate(np.ascontiguousarray(stream.mean(axis=1, dtype=np.float32)), self.lanes.final_norm,

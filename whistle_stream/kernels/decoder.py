@@ -8,6 +8,8 @@ first, softmax as exp(x - max) / sum), so the only differences left are float su
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
@@ -738,67 +740,180 @@ def _engram_mix(x, key, value, eps, embed_scale):
             x[r, c] = x[r, c] + g * value[r, c]
 
 
+
+# ---------------------------------------------------------------- one decoder layer's arguments
+# Typed records (Numba reads named tuples field by field): `_block_step` takes one `LayerStep`,
+# built once per clip by decoder.py, instead of ~80 positional arrays whose order two places had
+# to agree on.
+
+
+class Rotated(NamedTuple):
+    """A CQ matrix kept in the rotated domain (§5): (out, K_pad) codes, per-row norms, levels."""
+    codes: np.ndarray
+    norms: np.ndarray
+    levels: np.ndarray
+    group: int
+
+
+class LaneMaps(NamedTuple):
+    """The mHC maps of one layer's place in the stack (§6)."""
+    phi: np.ndarray
+    a_pre: np.ndarray
+    a_post: np.ndarray
+    a_res: np.ndarray
+    b_pre: np.ndarray
+    b_post: np.ndarray
+    b_res: np.ndarray
+    lane: np.ndarray       # one-hot lane of this place
+    iters: int             # Sinkhorn iterations
+
+
+class SelfCache(NamedTuple):
+    """One layer's per-clip self-attention state: tap rings, KV pool, block table, scratch."""
+    hq: np.ndarray
+    hk: np.ndarray
+    hv: np.ndarray
+    k_pool: np.ndarray
+    v_pool: np.ndarray
+    anc: np.ndarray
+    scores: np.ndarray
+
+
+class Memory(NamedTuple):
+    """One layer's cross-attention keys and values over the clip, int8 codes and scales."""
+    k_codes: np.ndarray
+    k_scale: np.ndarray
+    v_codes: np.ndarray
+    v_scale: np.ndarray
+
+
+class SelfAttention(NamedTuple):
+    norm_in: np.ndarray
+    qkvg: Rotated          # q | k | v | gate, one stacked product
+    gate_at: int           # first gate column of qkvg
+    q_taps: np.ndarray
+    k_taps: np.ndarray
+    v_taps: np.ndarray
+    q_norm: np.ndarray
+    k_norm: np.ndarray
+    out: Rotated
+    post_norm: np.ndarray
+    gate: np.float32       # sigmoid(attn_gate)
+
+
+class CrossAttention(NamedTuple):
+    norm: np.ndarray
+    qg: Rotated            # q | gate
+    q_norm: np.ndarray
+    out: Rotated
+    post_norm: np.ndarray
+    gate: np.float32       # sigmoid(cross_gate)
+
+
+class HadamardMlp(NamedTuple):
+    """`blocks.HadamardMLP`'s arrays, the Kronecker factors as (a, b) pairs."""
+    pre: np.ndarray
+    d1: np.ndarray
+    d2: np.ndarray
+    b2: np.ndarray
+    d3: np.ndarray
+    d4: np.ndarray
+    w1a: np.ndarray
+    w1b: np.ndarray
+    w2a: np.ndarray
+    w2b: np.ndarray
+    w3a: np.ndarray
+    w3b: np.ndarray
+    cond_vt: np.ndarray
+    cond_u: np.ndarray
+    p1: np.ndarray
+    p2: np.ndarray
+    ident: np.ndarray
+
+
+class Shape(NamedTuple):
+    """What every layer shares: RoPE tables, norm epsilon, heads, attention scales."""
+    cos_tab: np.ndarray
+    sin_tab: np.ndarray
+    eps: float
+    heads: int
+    kv_heads: int
+    q_scale: np.float32
+    logit_scale: np.float32
+    embed_scale: np.float32
+
+
+class LayerStep(NamedTuple):
+    """Everything `_block_step` reads of one kept layer, built once per clip."""
+    lanes: LaneMaps
+    cache: SelfCache
+    memory: Memory
+    attn: SelfAttention
+    cross: CrossAttention
+    mlp: HadamardMlp
+    shape: Shape
+
+
 @_jit(GEMM_FASTMATH)
-def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start,
-                phi, a_pre, a_post, a_res, b_pre, b_post, b_res, lane, iters, embed_scale,
-                hq, hk, hv, k_pool, v_pool, anc, scores, k_codes, k_scale, v_codes, v_scale,
-                norm_in, qkvg_codes, qkvg_norms, qkvg_levels, qkvg_group, gate_at, q_taps, k_taps, v_taps,
-                q_norm, k_norm, out_codes, out_norms, out_levels, out_group, post_norm, attn_gate,
-                cross_norm, cqg_codes, cqg_norms, cqg_levels, cqg_group, cq_norm, cout_codes, cout_norms,
-                cout_levels, cout_group, post_cross_norm, cross_gate, pre_hada, d1, d2, b2, d3, d4,
-                w1a, w1b, w2a, w2b, w3a, w3b, cond_vt, cond_u, p1, p2,
-                cos_tab, sin_tab, eps, heads, kv_heads, q_scale, logit_scale, ident):
-    """One decoder layer on the lane stream (B*S, lanes, width) into `out` (guide §6; the stages
-    as decoder.py documents them): the mHC maps give the block input u (`_lanes_in`); an engram
-    site adds sigmoid(rms_unit(u) . rms_unit(key) / embed_scale) * value (eng_key and eng_value
-    (B*S, width), or zero rows where the layer has none); then the block, and the lane update
-    out = hres @ stream + hpost * (block(x) - u). One call per layer instead of a dozen: a 5-beam
-    step is milliseconds, and each kernel call from Python costs microseconds of dispatch.
-    weights (B*S, H, F) receives the cross-attention weights (word timestamps read them)."""
+def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start, layer):
+    """One decoder layer (a `LayerStep`) on the lane stream (B*S, lanes, width) into `out` (guide
+    §6; the stages as decoder.py documents them): the mHC maps give the block input u
+    (`_lanes_in`); an engram site adds sigmoid(rms_unit(u) . rms_unit(key) / embed_scale) * value
+    (eng_key and eng_value (B*S, width), or zero rows where the layer has none); then the block,
+    and the lane update out = hres @ stream + hpost * (block(x) - u). One call per layer instead
+    of a dozen: a 5-beam step is milliseconds, and each kernel call from Python costs
+    microseconds of dispatch. weights (B*S, H, F) receives the cross-attention weights (word
+    timestamps read them)."""
+    lm, cache, mem, sa, ca, mlp, sh = layer
+    eps, heads, kv_heads = sh.eps, sh.heads, sh.kv_heads
     n, lanes, width = stream.shape
     u = np.empty((n, width), np.float32)
     hpost = np.empty((n, lanes), np.float32)
     hres = np.empty((n, lanes, lanes), np.float32)
-    _lanes_in(stream, phi, a_pre, a_post, a_res, b_pre, b_post, b_res, lane, eps, iters, u, hpost, hres)
+    _lanes_in(stream, lm.phi, lm.a_pre, lm.a_post, lm.a_res, lm.b_pre, lm.b_post, lm.b_res, lm.lane, eps,
+              lm.iters, u, hpost, hres)
     x = u.copy()
     if eng_key.shape[0]:
-        _engram_mix(x, eng_key, eng_value, eps, embed_scale)
+        _engram_mix(x, eng_key, eng_value, eps, sh.embed_scale)
     n_new = n // n_rows
     pad = n + (-n) % 5  # rotated activations padded with zero rows: the products take five at a time
-    dq = k_pool.shape[3]
-    dv = v_pool.shape[3]
+    dq = cache.k_pool.shape[3]
+    dv = cache.v_pool.shape[3]
 
     # causal self-attention: int8(norm_in(x)) -> [q | k | v | gate] in one rotated product
-    hr = np.zeros((pad, qkvg_codes.shape[1]), np.float32)
-    _norm_quant_rotate(x, norm_in, eps, qkvg_group, hr[:n])
-    y = np.empty((pad, qkvg_codes.shape[0]), np.float32)
-    _product(hr, qkvg_codes, qkvg_norms, qkvg_levels, qkvg_group, y)
+    qkvg, so = sa.qkvg, sa.out
+    hr = np.zeros((pad, qkvg.codes.shape[1]), np.float32)
+    _norm_quant_rotate(x, sa.norm_in, eps, qkvg.group, hr[:n])
+    y = np.empty((pad, qkvg.codes.shape[0]), np.float32)
+    _product(hr, qkvg.codes, qkvg.norms, qkvg.levels, qkvg.group, y)
     q = np.empty((n_rows, n_new, heads, dq), np.float32)
-    _self_qkv(y[:n], n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, anc, q_norm,
-              k_norm, cos_tab, sin_tab, eps, heads, kv_heads, k_pool, v_pool, q)
+    _self_qkv(y[:n], n_rows, start, sa.q_taps, sa.k_taps, sa.v_taps, cache.hq, cache.hk, cache.hv, cache.anc,
+              sa.q_norm, sa.k_norm, sh.cos_tab, sh.sin_tab, eps, heads, kv_heads, cache.k_pool, cache.v_pool, q)
     att = np.empty((n_rows, n_new, heads, dv), np.float32)
-    _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, att)
-    hr = np.zeros((pad, out_codes.shape[1]), np.float32)
-    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, gate_at:], out_group, hr[:n])
-    o = np.empty((pad, out_codes.shape[0]), np.float32)
-    _product(hr, out_codes, out_norms, out_levels, out_group, o)
-    _gated_residual(x, o[:n], post_norm, eps, attn_gate)
+    _attend_pool(q, cache.k_pool, cache.v_pool, cache.anc, start, sh.q_scale, sh.logit_scale, cache.scores, att)
+    hr = np.zeros((pad, so.codes.shape[1]), np.float32)
+    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, sa.gate_at:], so.group, hr[:n])
+    o = np.empty((pad, so.codes.shape[0]), np.float32)
+    _product(hr, so.codes, so.norms, so.levels, so.group, o)
+    _gated_residual(x, o[:n], sa.post_norm, eps, sa.gate)
 
     # cross-attention over the clip's memory: int8(cross_norm(x)) -> [q | gate]
-    hr = np.zeros((pad, cqg_codes.shape[1]), np.float32)
-    _norm_quant_rotate(x, cross_norm, eps, cqg_group, hr[:n])
-    y = np.empty((pad, cqg_codes.shape[0]), np.float32)
-    _product(hr, cqg_codes, cqg_norms, cqg_levels, cqg_group, y)
+    qg, co = ca.qg, ca.out
+    hr = np.zeros((pad, qg.codes.shape[1]), np.float32)
+    _norm_quant_rotate(x, ca.norm, eps, qg.group, hr[:n])
+    y = np.empty((pad, qg.codes.shape[0]), np.float32)
+    _product(hr, qg.codes, qg.norms, qg.levels, qg.group, y)
     qc = np.empty((n, heads, dq), np.float32)
-    _head_norm_quant(y[:n, :heads * dq], heads, cq_norm, eps, qc)
+    _head_norm_quant(y[:n, :heads * dq], heads, ca.q_norm, eps, qc)
     att = np.empty((n, heads, dv), np.float32)
-    _attend_memory(qc, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, weights, att)
-    hr = np.zeros((pad, cout_codes.shape[1]), np.float32)
-    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, heads * dq:], cout_group, hr[:n])
-    o = np.empty((pad, cout_codes.shape[0]), np.float32)
-    _product(hr, cout_codes, cout_norms, cout_levels, cout_group, o)
-    _gated_residual(x, o[:n], post_cross_norm, eps, cross_gate)
+    _attend_memory(qc, mem.k_codes, mem.k_scale, mem.v_codes, mem.v_scale, sh.q_scale, sh.logit_scale, weights,
+                   att)
+    hr = np.zeros((pad, co.codes.shape[1]), np.float32)
+    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, heads * dq:], co.group, hr[:n])
+    o = np.empty((pad, co.codes.shape[0]), np.float32)
+    _product(hr, co.codes, co.norms, co.levels, co.group, o)
+    _gated_residual(x, o[:n], ca.post_norm, eps, ca.gate)
 
-    _hadamard_residual(x, pre_hada, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, cond_vt, cond_u,
-                       p1, p2, ident, eps)
+    _hadamard_residual(x, mlp.pre, mlp.d1, mlp.d2, mlp.b2, mlp.d3, mlp.d4, mlp.w1a, mlp.w1b, mlp.w2a, mlp.w2b,
+                       mlp.w3a, mlp.w3b, mlp.cond_vt, mlp.cond_u, mlp.p1, mlp.p2, mlp.ident, eps)
     _lanes_out(stream, hres, hpost, x, u, out)
