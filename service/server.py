@@ -503,6 +503,10 @@ def setup_logging(level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    # websockets logs every HTTP request (each health probe) and connection at info; our own events
+    # say what matters. Its lines show at debug.
+    logging.getLogger("whistle.websockets").setLevel(
+        logging.DEBUG if level.lower() == "debug" else logging.WARNING)
 
 
 def main(argv=None, *, model=None, web_root: Path | None = None) -> int:

@@ -23,7 +23,7 @@ VOCABULARY = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "
 
 @dataclass(frozen=True)
 class FakeDims:
-    languages: tuple = ("en", "de", "fr", "es", "it", "pt", "pl")
+    languages: tuple = ("en", "de", "fr", "es", "it", "nl", "pl")  # the full model's
     rate: int = 16000
 
 

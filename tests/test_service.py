@@ -1,6 +1,7 @@
 """End to end: the real server (in this process, on 127.0.0.1, a free port) around the fake engine."""
 
 import asyncio
+import logging
 import json
 import re
 import urllib.error
@@ -85,7 +86,7 @@ async def test_golden_message_sequence_for_a_short_clip(app):
     w = lambda t, s: f'{{"word":" {t}","start":{s},"end":{s + 0.45:g},"probability":0.9}}'
     expected = [
         f'{{"type":"ready","session_id":"{sid}","model":"fake-whistle","languages":["en","de","fr",'
-        '"es","it","pt","pl"],"language":null,"sample_rate":16000,"encoding":"pcm_s16le","vad":false,'
+        '"es","it","nl","pl"],"language":null,"sample_rate":16000,"encoding":"pcm_s16le","vad":false,'
         '"keywords":[],"protocol":1}',
         '{"type":"partial","pending":" alpha bravo","language":"en","revision":1}',
         f'{{"type":"committed","seq":1,"text":" alpha bravo","words":[{w("alpha", 0.0)},{w("bravo", 0.5)}],'
@@ -255,6 +256,29 @@ async def test_the_captions_page_and_script_are_served(app):
     status, kind, body = await http_get(app, "/captions.js")
     assert status == 200 and "javascript" in kind and "/v1/listen" in body
     assert (await http_get(app, "/nope"))[0] == 404
+
+
+async def test_health_probes_write_no_info_log_lines(app):
+    from whistle_stream.service.server import setup_logging
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.records = []
+
+        def emit(self, record):
+            self.records.append(record)
+
+    setup_logging("info")
+    keep = Keep()
+    logging.getLogger("whistle").addHandler(keep)
+    try:
+        for path in ("/healthz", "/readyz", "/healthz"):
+            assert (await http_get(app, path))[0] == 200
+        await asyncio.sleep(0.1)
+    finally:
+        logging.getLogger("whistle").removeHandler(keep)
+    assert [r.getMessage() for r in keep.records if r.levelno <= logging.INFO] == []
 
 
 async def test_without_a_web_root_the_server_serves_no_page():
