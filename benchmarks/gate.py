@@ -3,7 +3,7 @@
     python benchmarks/gate.py                  # demo model
     python benchmarks/gate.py --model PATH --repeats 9
 
-Issue 5's line: digital silence, -90 dBFS noise and steady noise return empty results in under
+The gate's line: digital silence, -90 dBFS noise and steady noise return empty results in under
 50 ms for 30 s of audio. Each gated clip goes through `Whistle.transcribe(..., word_timestamps=True)`
 as a user calls it (resampling check, front end, gate); the peer is the same call on 30 s of
 held-out demo sentences, which the gate lets through to the encoder and the 5-beam search.

@@ -126,7 +126,7 @@ def main(argv=None) -> None:
 
 
 def stream_accuracy(model, utterances: int, seed: int) -> None:
-    """Issue 7's accuracy lines on one stream: streamed WER minus the one-shot WER of the same
+    """The streaming accuracy lines on one stream: streamed WER minus the one-shot WER of the same
     utterances (target <= 1 point); words dropped or doubled at the stream's trim seams against the
     one-shot words (target: none); and, stricter, words dropped + added anywhere."""
     from harness.wer import edit_ops, normalise, seam_errors, wer

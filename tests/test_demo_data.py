@@ -398,7 +398,7 @@ def test_a_scrambled_clip_is_an_ordinary_clip_of_its_text():
 
 def test_ctc_fits_says_which_rows_have_a_ctc_path_as_optax_scores_them():
     """The training script leaves CTC out for clips too short for their transcripts: optax scores
-    those ~1e5 (one swamped run 17's first try at step 100), the others stay small."""
+    those ~1e5 (one such row swamped a whole batch's loss), the others stay small."""
     optax = pytest.importorskip("optax")
     import jax.numpy as jnp
     from tools import train_demo_model as tdm

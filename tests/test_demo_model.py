@@ -27,7 +27,7 @@ TEST_CLIPS = 200
 
 pytestmark = pytest.mark.slow
 
-# The bundled demo model is too weak for some acceptance lines of issue 6 and a stricter test of
+# The bundled demo model is too weak for some accuracy lines and a stricter test of
 # long audio: trained on this 2-vCPU machine in under 2 hours it reaches held-out WER ~7.3% with 5
 # beams (see docs/demo-model.md; the line is 5%) and misreads many words of 30 s windows of several
 # sentences. Those tests run, print their numbers, and turn into passes when the model reaches them.
@@ -71,7 +71,7 @@ def test_held_out_wer_with_five_beams_is_at_most_5_percent(beam_hyps):
 
 
 def test_engine_transcripts_equal_the_reference_decode_on_95_percent_of_clips(demo, beam_hyps, reference):
-    """Issue 6: guide §6's 5-beam loop over the quantised JAX reference, whose weights are read back
+    """Guide §6's 5-beam loop over the quantised JAX reference, whose weights are read back
     from the shipped .cact (harness `from_cact`), against our engine on the same held-out clips.
     The reference encoder runs each clip zero-padded to whole seconds (one compile per second
     instead of one per clip length), which can move int8 roundings: the line allows 5 %."""
@@ -114,7 +114,7 @@ def test_silence_and_noise_give_empty_transcripts(demo, kind):
 
 
 def test_a_misheard_word_is_transcribed_with_its_keyword(demo, beam_hyps):
-    """Issue 5: find held-out clips where a word of the truth is missing from the transcript, then
+    """Keywords: find held-out clips where a word of the truth is missing from the transcript, then
     bias toward it: at least one such word must come out right with the keyword."""
     tried, fixed = 0, []
     for (audio, text), hyp in zip(held_out(), beam_hyps):
@@ -134,7 +134,7 @@ def test_a_misheard_word_is_transcribed_with_its_keyword(demo, beam_hyps):
     assert fixed
 
 
-# ---- word times (issue 5) ---------------------------------------------------------------------
+# ---- word times --------------------------------------------------------------------------
 
 def test_align_of_the_chosen_transcript_gives_transcribes_word_times(demo):
     """Forced alignment runs the same teacher-forced pass as transcribe's word times (§8)."""
@@ -169,7 +169,7 @@ def test_word_times_fall_within_two_frames_of_the_truth(demo):
     assert not misses, f"{len(misses)} of {total} words off by more than 160 ms: {misses}"
 
 
-# ---- streaming (issue 7) ----------------------------------------------------------------------
+# ---- streaming ---------------------------------------------------------------------------
 
 def _stream_of(n: int, seed: int):
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -215,7 +215,7 @@ def streamed(demo, request) -> Streamed:
 
 def _reads_something_twice(words: list) -> bool:
     """Whether a pass hypothesis reads a sentence twice, loops, or ends doubled: what the commit rule
-    says once (issue 7, §6 loop rule)."""
+    says once (§6 loop rule)."""
     from whistle_stream.commit import doubled_tail, restarted_sentence
     from whistle_stream.search import find_loop
 
@@ -229,7 +229,7 @@ def _is_subsequence(part: list, whole: list) -> bool:
 
 
 def test_per_call_invariants_hold_over_many_held_out_clips(demo):
-    """Issue 7's per-call invariants on the demo model: 24 held-out clips, each streamed alone in
+    """The streaming per-call invariants on the demo model: 24 held-out clips, each streamed alone in
     333 ms chunks, then a 40-sentence stream: revision never decreases, the committed words only
     grow, each pass's newly committed and pending words are the end of its hypothesis (where the
     pass read a sentence twice or looped, which the commit rule says once: its words in order; the
@@ -291,7 +291,7 @@ def test_streamed_text_is_within_one_point_of_one_shot_wer(streamed):
 
 
 def test_no_word_is_dropped_or_doubled_at_a_trim_seam(streamed):
-    """Issue 7's explicit seam check: at the points where the stream dropped its buffer's audio, no
+    """The explicit seam check: at the points where the stream dropped its buffer's audio, no
     word is missing or extra against the one-shot transcripts, nor committed on both sides."""
     assert len(streamed.seams) >= 20, streamed.seams  # an utterance cut at (almost) every pause
     errors = seam_errors(streamed.shot_words, streamed.words, streamed.seams, truth=streamed.utterances)
@@ -300,7 +300,7 @@ def test_no_word_is_dropped_or_doubled_at_a_trim_seam(streamed):
 
 
 def test_streamed_text_reads_every_sentence_as_the_one_shot_does(streamed):
-    """Stricter than issue 7 asks (its line is the WER bound above and the seam check): at most 1 %
+    """Stricter than the streaming line (which is the WER bound above and the seam check): at most 1 %
     of the one-shot words dropped or added anywhere. The demo model reads some sentences one way
     from one framing of their audio and another way from another (on seed 9 a 0.1 s earlier start
     turns "How long does it take to get to the city centre?" into "Happy birthday to you."), so a
@@ -334,7 +334,7 @@ def test_streaming_output_is_identical_for_every_chunk_size(demo):
 
 
 def test_median_commit_latency_is_at_most_two_seconds_of_audio(demo):
-    """Issue 7's target, on the stream benchmarks/streaming.py reports (40 held-out sentences)."""
+    """The streaming target, on the stream benchmarks/streaming.py reports (40 held-out sentences)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from streaming import build_stream, run_stream
 
@@ -345,7 +345,7 @@ def test_median_commit_latency_is_at_most_two_seconds_of_audio(demo):
     assert float(np.median(latency)) <= 2.0, np.percentile(latency, [50, 95])
 
 
-# ---- long audio (issue 5) ---------------------------------------------------------------------
+# ---- long audio --------------------------------------------------------------------------
 
 class Long(NamedTuple):
     out: dict  # transcribe(95 s, word_timestamps=True)
@@ -397,7 +397,7 @@ def test_a_95_second_clip_is_the_concatenation_of_its_windows(long95):
 
 
 def test_no_word_is_dropped_or_doubled_at_a_95_second_clips_window_seams(long95):
-    """Issue 5's seam line: aligned with the utterances' one-shot words, no word near a window cut is
+    """The long-audio seam line: aligned with the utterances' one-shot words, no word near a window cut is
     missing or extra, and none is kept by both windows."""
     seams = [w.start_s + w.cut_s for w in long95.windows[:-1]]
     errors = seam_errors(long95.shot_words, long95.out["words"], seams, truth=long95.utterances)
@@ -417,7 +417,7 @@ def test_a_95_second_clip_reads_every_sentence_as_the_one_shot_does(long95):
 
 
 def test_a_60_minute_stream_keeps_pass_time_and_memory_flat(demo):
-    """Issue 7: pass time p95 of the last 10 minutes is not above the first 10 minutes' (with a
+    """Pass time p95 of the last 10 minutes is not above the first 10 minutes' (with a
     margin for a shared machine), and RSS stays within 20 MB after a 10-minute warm-up."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from streaming import long_stream, run_stream

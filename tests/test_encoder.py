@@ -99,7 +99,7 @@ def test_odd_kernel_width_pads_evenly():
 
 reference = pytest.importorskip("tests.harness.reference", reason="needs the cactus-needle JAX reference")
 
-# Issue 3 acceptance: clip cosine >= 0.9999, every frame but the last two >= 0.999. Measured on
+# The encoder's parity line: clip cosine >= 0.9999, every frame but the last two >= 0.999. Measured on
 # the full shape against the file-weight reference: >= 0.999998 on every clip (0.99999 against the
 # harness's float32-master reference); a 1e-7 relative change of the features moves the engine's
 # own output by ~1e-6, so the margin is not luck of int8 rounding.

@@ -1,5 +1,7 @@
 """The shared kernels and blocks against slow NumPy twins written from the reference's math."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -343,3 +345,51 @@ def test_a_split_inside_a_split_runs_inline(monkeypatch):
 
     B.run_split(outer, 10)
     assert sorted(seen) == [(0, 5, 0, 5), (5, 10, 0, 5)]
+
+
+def test_the_kernel_cache_is_dropped_when_any_kernel_source_changes(tmp_path, monkeypatch):
+    from whistle_stream.kernels import _cache
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    pkg = tmp_path / "kernels"
+    (pkg / "__pycache__").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "b.py").write_text("y = 2\n")
+
+    def cached(*names):
+        for name in names:
+            (pkg / "__pycache__" / name).write_bytes(b"machine code")
+
+    cached("a.f-1.py311.nbi", "a.f-1.py311.1.nbc", "a.cpython-311.pyc")
+    assert _cache.drop_stale(pkg) == 2                      # no stamp yet: the cache is not trusted
+    assert sorted(p.name for p in (pkg / "__pycache__").iterdir()) == ["a.cpython-311.pyc", _cache.STAMP]
+    cached("a.f-1.py311.nbi")
+    assert _cache.drop_stale(pkg) == 0                      # sources unchanged: kept
+    (pkg / "b.py").write_text("y = 3\n")                    # a sibling a kernel may inline changed
+    assert _cache.drop_stale(pkg) == 1
+    assert _cache.drop_stale(pkg) == 0
+
+
+def test_the_kernel_cache_under_numba_cache_dir_is_guarded_too(tmp_path, monkeypatch):
+    from whistle_stream.kernels import _cache
+
+    pkg = tmp_path / "src" / "kernels"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    (mirror,) = [d for d in _cache.cache_dirs(pkg) if str(d).startswith(str(tmp_path / "cache"))]
+    mirror.mkdir(parents=True)
+    (mirror / "a.f-1.py311.nbi").write_bytes(b"x")
+    assert _cache.drop_stale(pkg) == 1 and (mirror / _cache.STAMP).exists()
+
+
+def test_the_guarded_cache_folder_is_the_one_numba_writes(tmp_path, monkeypatch):
+    from numba.core.caching import _CacheLocator
+
+    from whistle_stream import kernels
+    from whistle_stream.kernels import _cache
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    pkg = Path(kernels.__file__).parent
+    numba_dir = tmp_path / _CacheLocator.get_suitable_cache_subpath(str(pkg / "decoder.py"))
+    assert numba_dir in _cache.cache_dirs(pkg)

@@ -352,7 +352,7 @@ def _stream_wavering(stable: bool):
 
 
 def test_silence_finalizes_a_tail_once_two_passes_at_the_pause_read_it():
-    """Issue 7: silence after speech finalizes the pending tail once it has been stable for two
+    """Silence after speech finalizes the pending tail once it has been stable for two
     passes. The first pass at the pause reads the tail differently from the pass before it, so it
     waits; the second pass at the pause decides (here it reads it differently again: it is final
     after that pass in any case, one step later)."""

@@ -1,4 +1,4 @@
-"""Score a candidate demo model with OUR engine on the held-out test clips (issue 6's measure).
+"""Score a candidate demo model with OUR engine on the held-out test clips (the README's accuracy measure).
 
     .venv/bin/python tools/eval_demo_model.py work-data/run19/demo.cact [--clips 200] [--beams 1,5]
 
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     ap.add_argument("cact", help="the candidate .cact")
     ap.add_argument("--clips", type=int, default=200, help="held-out clips (the test uses 200 test clips)")
     ap.add_argument("--split", choices=sorted(SPLITS), default="test",
-                    help="test (issue 6's measure) or validation (to choose among candidates)")
+                    help="test (the README's measure) or validation (to choose among candidates)")
     ap.add_argument("--beams", default="1,5", help="comma-separated beam counts")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=str(ROOT / "work-data" / "eval"))

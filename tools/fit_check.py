@@ -6,7 +6,7 @@ prints the quantised model's decoder cross entropy on three sets of clips:
   training   the first --clips training clips that fit validation's length bucket (seen sentences, seen voices)
   validation the validation split (unseen sentences, held-out voices)
   swapped    the validation sentences spoken by training voices (unseen sentences, seen voices)
-The checkpoint must have the shape the script's defaults build (run 13's); the tokenizer is
+The checkpoint must have the shape the script's defaults build (docs/demo-model.md's recipe); the tokenizer is
 retrained from the first 6000 training transcripts, as train_demo_model.py does. Uses the JAX
 reference; a development tool, never imported by the runtime package.
 """

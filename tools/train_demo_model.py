@@ -69,7 +69,7 @@ class Batches:
 
     Every epoch shuffles the clips within each bucket, cuts them into that bucket's batch size (a
     short remainder waits for the next epoch: one shape per bucket) and shuffles the batches.
-    With fixed_width (the first stage, single sentences only, as run 5 trained): the clips sorted
+    With fixed_width (the first stage, single sentences only): the clips sorted
     by length in fixed groups of 16, each epoch the groups shuffled, every token row fixed_width wide.
     """
 

@@ -30,7 +30,7 @@ DOUBLED_MIN_WORDS = 3  # a hypothesis ending in a unit of at least this many wor
 # reading is kept. A pass that re-reads the utterance's committed words is recognised by the same
 # number of equal first words, then aligned with them word by word (substitutions allowed).
 RESTART_MIN_WORDS = 3
-MIN_COMMIT_PROBABILITY = 0.6  # see CommitPolicy.min_probability
+MIN_COMMIT_PROBABILITY = 0.6  # see CommitPolicy's min_probability
 
 
 @dataclass(frozen=True)
@@ -124,15 +124,14 @@ class CommitPolicy:
     is re-reading committed audio with shifted times; those words are not committed twice.
     """
 
-    # A word two passes agree on is committed before the utterance ends only if the current pass gives
-    # it at least this probability: a small model guessing the rest of a sentence from its first
-    # words can guess the same word twice ("Remind me to take out the trash next ..." for "... at three
-    # fifteen", "next" at 0.93 then 0.49). Run 10 demo model, five 40-sentence streams: mean streamed
-    # WER 8.27 -> 8.03 %, latency unchanged; run 8 (shipped at the time): no word changed.
-    min_probability = MIN_COMMIT_PROBABILITY
-
     def __init__(self, *, repeat_words: int = REPEAT_WORDS, repeat_window_s: float = REPEAT_WINDOW_S,
-                 loop_max_unit: int = LOOP_MAX_UNIT, loop_repeats: int = LOOP_REPEATS):
+                 loop_max_unit: int = LOOP_MAX_UNIT, loop_repeats: int = LOOP_REPEATS,
+                 min_probability: float = MIN_COMMIT_PROBABILITY):
+        # A word two passes agree on is committed before the utterance ends only if the current pass
+        # gives it at least min_probability: a small model guessing the rest of a sentence from its
+        # first words can guess the same word twice ("Remind me to take out the trash next ..." for
+        # "... at three fifteen", "next" at 0.93 then 0.49). docs/streaming.md has the measurement.
+        self.min_probability = min_probability
         self._committed: list[Word] = []
         self._since = 0  # committed words before this index belong to audio no pass re-reads
         self._previous: list[Word] = []

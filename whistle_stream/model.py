@@ -263,7 +263,7 @@ class Whistle:
 
     # ---- streaming -------------------------------------------------------------------------
     def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0):
-        """A live stream (issue 7): feed(audio) / finalize() / finish() -> dicts."""
+        """A live stream (docs/streaming.md): feed(audio) / finalize() / finish() -> dicts."""
         from .streaming import StreamSession
 
         return StreamSession(self, language=language, keywords=keywords, step_s=step_s)

@@ -34,8 +34,8 @@ GEMM_FASTMATH = {"reassoc", "contract", "nsz"}
 SMALL_ROWS = 12
 # The int8 activation/KV fake-quant of the reference (quantize.ACT_BITS = KV_BITS = 8).
 INT8_MAX = 127
-# One BLAS thread: on this 2-vCPU class of machine two made an encoder layer slower (MEASURED:
-# 59.7 vs 34.5 ms), and serving threads already run kernels side by side without the GIL.
+# One BLAS thread: on a 2-vCPU machine two made an encoder layer slower (59.7 vs 34.5 ms), and
+# serving threads already run kernels side by side without the GIL.
 BLAS_THREADS = 1
 
 

@@ -25,12 +25,16 @@ def sources_digest(package_dir: Path) -> str:
 
 
 def cache_dirs(package_dir: Path) -> list[Path]:
-    """Where Numba writes this package's cache: __pycache__ beside the sources, or below
-    NUMBA_CACHE_DIR when that is set (Numba mirrors the source folder's absolute path there)."""
+    """Where Numba writes this package's cache: __pycache__ beside the sources, and, when
+    NUMBA_CACHE_DIR is set, the folder Numba names there after the source folder
+    (`numba.core.caching._CacheLocator.get_suitable_cache_subpath`: its name, "_", the SHA-1
+    of its absolute path)."""
     dirs = [package_dir / "__pycache__"]
     root = os.environ.get("NUMBA_CACHE_DIR")
     if root:
-        dirs.append(Path(root) / package_dir.resolve().relative_to(package_dir.resolve().anchor))
+        folder = os.path.abspath(package_dir)
+        digest = hashlib.sha1(folder.encode()).hexdigest()
+        dirs.append(Path(root) / f"{os.path.basename(folder)}_{digest}")
     return dirs
 
 
