@@ -189,8 +189,8 @@ def test_transcribe_passes_options_and_prints_text(fake_whistle, capsys):
     assert out == "hello world\n"
     (whistle,) = FakeWhistle.instances
     assert whistle.path == model
-    assert whistle.calls == [(str(audio), {"language": "de", "keywords": ["Cactus", "Whistle"],
-                                           "word_timestamps": False, "beams": 3})]
+    assert whistle.calls == [(str(audio), {"language": "de", "keywords": ["Cactus", "Whistle"], "by": "utterances",
+                                           "word_timestamps": False, "beams": 3, "progress": None})]
 
 
 def test_transcribe_word_timestamps_prints_a_line_per_word(fake_whistle, capsys):
@@ -200,7 +200,8 @@ def test_transcribe_word_timestamps_prints_a_line_per_word(fake_whistle, capsys)
     assert code == 0 and lines[0] == "hello world"
     assert lines[1].endswith("] hello") and "0.40" in lines[1]
     assert lines[2].endswith("] world") and "0.48" in lines[2]
-    assert FakeWhistle.instances[0].calls[0][1] == {"language": None, "keywords": None, "word_timestamps": True}
+    assert FakeWhistle.instances[0].calls[0][1] == {"language": None, "keywords": None, "by": "utterances",
+                                                    "word_timestamps": True, "progress": None}
 
 
 def test_transcribe_json_prints_the_whole_result(fake_whistle, capsys):
@@ -208,6 +209,63 @@ def test_transcribe_json_prints_the_whole_result(fake_whistle, capsys):
     code, out, _ = run(capsys, "transcribe", str(audio), "--model", str(model), "--json")
     assert code == 0
     assert json.loads(out) == FakeWhistle(model).transcribe(audio)
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_transcribe_writes_subtitles_that_parse(fake_whistle, capsys, fmt):
+    import io
+
+    import srt
+    import webvtt
+
+    model, audio = fake_whistle
+    code, out, _ = run(capsys, "transcribe", str(audio), "--model", str(model), "--format", fmt)
+    assert code == 0 and FakeWhistle.instances[0].calls[0][1]["word_timestamps"] is True
+    if fmt == "srt":
+        (cue,) = srt.parse(out)
+        assert (cue.content, cue.start.total_seconds(), cue.end.total_seconds()) == ("hello world", 0.0, 0.96)
+    else:
+        (cue,) = webvtt.from_buffer(io.StringIO(out))
+        assert (cue.text, cue.start, cue.end) == ("hello world", "00:00:00.000", "00:00:00.960")
+
+
+def test_transcribe_several_files_into_a_folder_and_to_stdout(fake_whistle, capsys, env):
+    model, audio = fake_whistle
+    other = env / "other.wav"
+    other.write_bytes(b"RIFF")
+    code, out, _ = run(capsys, "transcribe", str(audio), str(other), "--model", str(model), "--format", "srt",
+                       "--output-dir", str(env / "subs"))
+    assert code == 0 and out.split() == [str(env / "subs" / "clip.srt"), str(env / "subs" / "other.srt")]
+    assert (env / "subs" / "other.srt").read_text().startswith("1\n00:00:00,000 --> ")
+    code, out, _ = run(capsys, "transcribe", str(audio), str(other), "--model", str(model))
+    assert code == 0 and out == f"==> {audio} <==\nhello world\n==> {other} <==\nhello world\n"
+    code, out, _ = run(capsys, "transcribe", str(audio), str(other), "--model", str(model), "--format", "json")
+    assert [json.loads(line)["file"] for line in out.splitlines()] == [str(audio), str(other)]
+
+
+def test_subtitles_of_several_files_need_a_folder(fake_whistle, capsys, env):
+    model, audio = fake_whistle
+    code, _, err = run(capsys, "transcribe", str(audio), str(audio), "--model", str(model), "--format", "vtt")
+    assert_one_line_error(code, err, "--output-dir")
+
+
+def test_the_progress_bar_follows_the_engine_when_stderr_is_a_terminal(fake_whistle, capsys, monkeypatch):
+    seen = []
+
+    def transcribe(self, audio, progress=None, **options):
+        seen.append(progress)
+        if progress is not None:
+            progress(5.0, 10.0)
+            progress(10.0, 10.0)
+        return {"text": "hi", "language": "en", "words": []}
+
+    monkeypatch.setattr(FakeWhistle, "transcribe", transcribe)
+    model, audio = fake_whistle
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    code, out, err = run(capsys, "transcribe", str(audio), "--model", str(model))
+    assert code == 0 and out == "hi\n" and seen[-1] is not None and "clip.wav" in err
+    code, out, err = run(capsys, "transcribe", str(audio), "--model", str(model), "--no-progress")
+    assert seen[-1] is None and err == ""
 
 
 def test_transcribe_a_missing_audio_file_exits_2(fake_whistle, capsys):

@@ -432,3 +432,21 @@ def test_a_60_minute_stream_keeps_pass_time_and_memory_flat(demo):
     assert p95_last <= 1.5 * p95_first + 0.01
     # After a 10-minute warm-up (compiled kernels, the buffer reaching its 30 s bound), RSS is flat.
     assert max(rss[10:]) - rss[10] <= 20.0, rss
+
+
+# ---- files by utterance ----------------------------------------------------------------------
+
+def test_a_file_of_many_sentences_reads_as_well_as_its_sentences_alone(demo):
+    """`transcribe(by="utterances")` (the CLI's and the REST endpoint's default) on a file of ten
+    held-out sentences with short pauses: within 2 WER points of every sentence read alone, where
+    the guide's one 30 s pass loses most of them (benchmarks/files.py prints all three)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from files import measure
+
+    r = measure(demo, 10, seed=3, pause=(0.2, 0.9))
+    print(f"\nwindows {100 * r['windows'][0]:.1f} %, utterances {100 * r['utterances'][0]:.1f} %, "
+          f"alone {100 * r['alone'][0]:.1f} %")
+    assert r["utterances"][0] <= r["alone"][0] + 0.02
+    assert r["windows"][0] > r["utterances"][0] + 0.2

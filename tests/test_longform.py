@@ -149,3 +149,54 @@ def test_empty_audio_runs_one_empty_window():
     fake = FakeTranscriber([])
     assert transcribe_long(0.0, fake) == []
     assert fake.calls == [(0.0, 0.0)]
+
+
+# ---- utterances: files cut at their pauses --------------------------------------------------
+
+def _tone(seconds: float, amp: float = 0.3, rate: int = 16000):
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    return (amp * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def test_utterance_spans_cut_in_the_middle_of_each_pause():
+    import numpy as np
+
+    from whistle_stream.longform import utterance_spans
+
+    z = lambda s: np.zeros(int(s * 16000), np.float32)  # noqa: E731
+    audio = np.concatenate([z(0.3), _tone(1.0), z(1.0), _tone(0.8), z(0.2), _tone(0.5), z(0.6)])
+    spans = utterance_spans(audio)
+    # the 1 s pause parts two utterances; the 0.2 s gap inside the second does not
+    assert len(spans) == 2
+    assert spans[0][0] == 0 and spans[-1][1] == len(audio) and spans[0][1] == spans[1][0]
+    assert abs(spans[0][1] / 16000 - 1.8) < 0.03       # the middle of the 1.0 s pause
+    assert utterance_spans(z(3.0)) == [] and utterance_spans(_tone(2.0)) == [(0, 32000)]
+
+
+def test_a_quiet_stretch_40_db_down_is_a_pause_and_one_20_db_down_is_not():
+    import numpy as np
+
+    from whistle_stream.longform import utterance_spans
+
+    for db, parts in ((45, 2), (20, 1)):
+        audio = np.concatenate([_tone(1.0), _tone(1.0, 0.3 * 10 ** (-db / 20)), _tone(1.0)])
+        assert len(utterance_spans(audio)) == parts, db
+
+
+def test_a_long_utterance_is_split_again_at_its_short_breaths():
+    import numpy as np
+
+    from whistle_stream.longform import SPLIT_OVER_S, utterance_spans
+
+    z = lambda s: np.zeros(int(s * 16000), np.float32)  # noqa: E731
+    # four 2 s sentences with 0.25 s breaths: one 8.75 s stretch without a full pause
+    audio = np.concatenate([_tone(2.0), z(0.25), _tone(2.0), z(0.25), _tone(2.0), z(0.25), _tone(2.0)])
+    spans = utterance_spans(audio)
+    assert all((b - a) / 16000 <= SPLIT_OVER_S for a, b in spans) and len(spans) >= 2
+    for a, b in spans[:-1]:   # every cut falls in a breath, not in a sentence
+        t = (b / 16000) % 2.25
+        assert t > 2.0 or t < 0.01, b / 16000
+    # a long stretch without any breath stays whole
+    assert utterance_spans(_tone(9.0)) == [(0, 9 * 16000)]

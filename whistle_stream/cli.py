@@ -2,8 +2,9 @@
 
     whistle-stream info [MODEL] [--json]
     whistle-stream download [--force] [--quiet]
-    whistle-stream transcribe FILE [--model PATH] [--language CODE] [--keyword PHRASE ...]
-                              [--word-timestamps] [--beams N] [--json]
+    whistle-stream transcribe FILE [FILE ...] [--format txt|json|srt|vtt] [--output-dir DIR]
+                              [--by utterances|windows] [--model PATH] [--language CODE]
+                              [--keyword PHRASE ...] [--word-timestamps] [--beams N]
     whistle-stream serve ...          (the WebSocket service; its own options)
 
 Errors the engine raises on purpose (`WhistleError`) print one line to stderr and exit with 2.
@@ -21,8 +22,10 @@ from pathlib import Path
 
 from . import models
 from .errors import WhistleError
+from .frontend import FILE_FORMATS
 
 PROG = "whistle-stream"
+FORMATS = ("txt", "json", "srt", "vtt")
 EXIT_ERROR = 2  # argparse's own exit status for a usage error; bad models and files share it
 
 
@@ -47,20 +50,31 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("--force", action="store_true", help="download again even if a verified copy is cached")
     download.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    transcribe = commands.add_parser("transcribe", help="transcribe an audio file")
-    transcribe.add_argument("file", help="audio file (WAV, or anything the engine's loader accepts)")
+    transcribe = commands.add_parser("transcribe", help="transcribe audio files (text, JSON, SRT or WebVTT)")
+    transcribe.add_argument("files", nargs="+", metavar="FILE",
+                            help=f"audio files: {FILE_FORMATS}, any sample rate, mono or stereo")
+    transcribe.add_argument("--format", choices=FORMATS, default="txt",
+                            help="txt (default), json (the full result), srt or vtt (subtitles from word times)")
+    transcribe.add_argument("--output-dir", metavar="DIR",
+                            help="write FILE's transcript to DIR/<FILE's name>.<format> instead of printing it "
+                                 "(needed for srt/vtt with several files)")
+    transcribe.add_argument("--by", choices=("utterances", "windows"), default="utterances",
+                            help="utterances (default): cut the audio at its pauses, as a stream does, and read "
+                                 "each alone; windows: the engine's 30 s windows exactly (guide §8)")
     transcribe.add_argument("--model", help=f"model file (default: ${models.ENV_MODEL}, then the cached full "
                                             "model, then the bundled demo model)")
     transcribe.add_argument("--language", help="force a language code (default: detect)")
     transcribe.add_argument("--keyword", action="append", default=[], metavar="PHRASE",
                             help="bias decoding toward this phrase (repeatable)")
-    transcribe.add_argument("--word-timestamps", action="store_true", help="print per-word start and end times")
+    transcribe.add_argument("--word-timestamps", action="store_true", help="print per-word start and end times (txt)")
     transcribe.add_argument("--beams", type=_positive_int, default=None, metavar="N",
                             help="beam width (default: the engine's, 5; 1 is greedy)")
     transcribe.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                             help="threads one pass splits its large products over (default: "
                                  "$WHISTLE_THREADS, else 1)")
-    transcribe.add_argument("--json", action="store_true", help="print the full result as JSON")
+    transcribe.add_argument("--json", action="store_true", help="the same as --format json")
+    transcribe.add_argument("--no-progress", action="store_true",
+                            help="no progress bar (it is shown only when stderr is a terminal)")
 
     commands.add_parser("serve", help="run the WebSocket service (`whistle-stream serve --help` for its options)",
                         add_help=False)
@@ -138,24 +152,82 @@ def _print_info(info: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # transcribe
 
-def _transcribe(args: argparse.Namespace) -> dict:
+def _transcribe(args: argparse.Namespace) -> None:
+    """Transcribe every file in turn; print or write each result in the chosen format."""
     from . import Whistle
     from .errors import AudioError
 
-    audio = Path(args.file)
-    if not audio.is_file():
-        raise AudioError(f"audio file {audio} does not exist")
+    fmt = "json" if args.json else args.format
+    files = [Path(f) for f in args.files]
+    for audio in files:
+        if not audio.is_file():
+            raise AudioError(f"audio file {audio} does not exist")
+    out_dir = Path(args.output_dir) if args.output_dir else None
+    if out_dir is None and fmt in ("srt", "vtt") and len(files) > 1:
+        raise _UsageError(f"{len(files)} files as {fmt} need --output-dir DIR (one subtitle file each)")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
     if args.threads is not None:
         from .kernels import set_threads
 
         set_threads(args.threads)
     model = Whistle(models.resolve_model(args.model).path)
-    options = {"language": args.language, "keywords": args.keyword or None,
-               "word_timestamps": args.word_timestamps}
+    options = {"language": args.language, "keywords": args.keyword or None, "by": args.by,
+               "word_timestamps": args.word_timestamps or fmt in ("json", "srt", "vtt")}
     if args.beams is not None:
         options["beams"] = args.beams
-    result = model.transcribe(str(audio), **options)
-    return _as_dict(result)
+    show_progress = not args.no_progress and sys.stderr.isatty()
+    for audio in files:
+        with _Progress(audio.name, show_progress) as progress:
+            result = _as_dict(model.transcribe(str(audio), progress=progress, **options))
+        text = render(result, fmt, args.word_timestamps)
+        if out_dir is not None:
+            target = out_dir / f"{audio.stem}.{fmt}"
+            target.write_text(text, encoding="utf-8")
+            print(target)
+        elif len(files) > 1 and fmt == "txt":
+            print(f"==> {audio} <==\n{text}", end="")
+        elif len(files) > 1 and fmt == "json":
+            print(json.dumps({"file": str(audio), **result}, ensure_ascii=False))
+        else:
+            print(text, end="")
+
+
+def render(result: dict, fmt: str, word_timestamps: bool = False) -> str:
+    """A transcription result as the text of a txt, json, srt or vtt file."""
+    from .subtitles import make_cues, srt, vtt
+
+    if fmt == "json":
+        return json.dumps(result, ensure_ascii=False, indent=1) + "\n"
+    if fmt in ("srt", "vtt"):
+        cues = make_cues(result.get("words") or [])
+        return srt(cues) if fmt == "srt" else vtt(cues)
+    lines = [result.get("text", "")]
+    if word_timestamps:
+        lines += [f"[{w['start']:7.2f} -> {w['end']:7.2f}] {w['word']}" for w in result.get("words") or []]
+    return "\n".join(lines) + "\n"
+
+
+class _Progress:
+    """A tqdm bar over a file's audio seconds on stderr, or nothing."""
+
+    def __init__(self, name: str, enabled: bool):
+        self.name, self.enabled, self.bar = name, enabled, None
+
+    def __enter__(self):
+        return self if self.enabled else None
+
+    def __call__(self, done_s: float, total_s: float) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(total_s, 1), desc=self.name, unit="s", leave=False,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}]")
+        self.bar.update(round(done_s, 1) - self.bar.n)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _UsageError(WhistleError):
@@ -170,13 +242,6 @@ def _as_dict(result) -> dict:
     if isinstance(result, str):
         return {"text": result}
     raise TypeError(f"Whistle.transcribe returned {type(result).__name__}; expected a dict or dataclass")
-
-
-def _print_transcript(result: dict, word_timestamps: bool) -> None:
-    print(result.get("text", ""))
-    if word_timestamps:
-        for word in result.get("words") or []:
-            print(f"[{word['start']:7.2f} -> {word['end']:7.2f}] {word['word']}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,13 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(models.download(force=args.force, progress=not args.quiet))
         elif args.command == "transcribe":
             try:
-                result = _transcribe(args)
+                _transcribe(args)
             except ValueError as e:  # the engine's refusal of a user-supplied option (--language, --beams)
                 raise _UsageError(str(e)) from e
-            if args.json:
-                print(json.dumps(result, ensure_ascii=False, indent=1))
-            else:
-                _print_transcript(result, args.word_timestamps)
     except WhistleError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -31,7 +31,7 @@ from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
 from .kernels.decoder import (
     CrossAttention, HadamardMlp, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
-    _block_step, _codes2_rows, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
+    _block_step, _codes2_rows, compiled_for, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
 )
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
@@ -305,6 +305,7 @@ class Decoder:
                                    b_res=lanes.b_res[i], lane=layer.lane, iters=SINKHORN_ITERS)
                           for layer in self.layers for i in (layer.index,)]
         self._no_engram = np.zeros((0, d.width), np.float32)  # a layer without an engram site
+        self._steps: dict = {}  # kept layer -> `_block_step` compiled for its record's types
 
     # ---------------------------------------------------------------- public API
 
@@ -499,7 +500,11 @@ class Decoder:
             weights = scratch  # a layer whose weights nobody keeps writes them here
             if collect is not None and layer.index in collect[0]:
                 weights = collect[1][layer.index] = np.empty((n, d.heads, state.frames), np.float32)
-            _block_step(stream, spare, weights, key, value, rows, start, state.layer_args[li])
+            args = (stream, spare, weights, key, value, rows, start, state.layer_args[li])
+            step = self._steps.get(li)
+            if step is None:   # the record's types are fixed per decoder: resolve them once
+                step = self._steps[li] = compiled_for(_block_step, *args)
+            step(*args)
             stream, spare = spare, stream
         xr = np.empty((n, self.head.k_pad), np.float32)
         _norm_quant_rotate(np.ascontiguousarray(stream.mean(axis=1, dtype=np.float32)), self.lanes.final_norm,

@@ -36,8 +36,9 @@ _WAVE_PCM, _WAVE_FLOAT, _WAVE_EXTENSIBLE = 1, 3, 0xFFFE
 def load_audio(audio, rate: int | None = None) -> np.ndarray:
     """Any supported audio -> float32 mono samples at 16 kHz.
 
-    audio: a float32/float64 array in [-1, 1], an int16 array (scaled by 1/32768), a WAV file
-    path, or the bytes of a WAV file. Arrays are 1-D, or 2-D (samples, channels) with up to 8
+    audio: a float32/float64 array in [-1, 1], an int16 array (scaled by 1/32768), an audio file
+    path, or the bytes of an audio file (WAV read here; FLAC, OGG/Vorbis/Opus and MP3 through
+    libsndfile, the `soundfile` package). Arrays are 1-D, or 2-D (samples, channels) with up to 8
     channels, which are averaged. rate: the array's sample rate in Hz (default 16000; other rates
     are resampled with soxr); a WAV carries its own rate, so `rate` must not be given with one.
     NaN, infinite and |x| >= 65536 samples are zeroed (§3.1) before any resampling.
@@ -45,23 +46,23 @@ def load_audio(audio, rate: int | None = None) -> np.ndarray:
     """
     if isinstance(audio, (str, os.PathLike)):
         if rate is not None:
-            raise AudioError("rate= applies to arrays only; a WAV file's rate is read from its header")
+            raise AudioError("rate= applies to arrays only; an audio file's rate is read from its header")
         path = Path(audio)
         try:
             data = path.read_bytes()
         except OSError as e:
             raise AudioError(f"cannot read audio file {path}: {e.strerror or e}") from e
-        samples, rate = _decode_wav(data, str(path))
+        samples, rate = decode_file(data, str(path))
     elif isinstance(audio, (bytes, bytearray, memoryview)):
         if rate is not None:
-            raise AudioError("rate= applies to arrays only; WAV bytes carry their own rate")
-        samples, rate = _decode_wav(bytes(audio), "WAV bytes")
+            raise AudioError("rate= applies to arrays only; audio file bytes carry their own rate")
+        samples, rate = decode_file(bytes(audio), "audio bytes")
     elif isinstance(audio, np.ndarray):
         samples = _array_samples(audio)
     else:
         raise AudioError(
             f"unsupported audio of type {type(audio).__name__}; pass a NumPy array "
-            "(float32, float64 or int16), a WAV file path, or WAV bytes")
+            "(float32, float64 or int16), an audio file path, or an audio file's bytes")
     samples = sanitize(_to_mono(samples))
     rate = MODEL_RATE if rate is None else rate
     if not isinstance(rate, (int, np.integer)) or isinstance(rate, bool) or rate <= 0:
@@ -94,10 +95,36 @@ def _to_mono(a: np.ndarray) -> np.ndarray:
     return a.mean(axis=1, dtype=np.float32) if a.shape[1] > 1 else a[:, 0]
 
 
+FILE_FORMATS = "WAV, FLAC, OGG (Vorbis, Opus) and MP3"
+
+
+def decode_file(data: bytes, what: str) -> tuple[np.ndarray, int]:
+    """An audio file's bytes -> ((samples, channels) float32, rate). WAV is read here, exactly;
+    other formats through libsndfile (`soundfile`). Raises AudioError naming the formats read."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return _decode_wav(data, what)
+    if not data:
+        raise AudioError(f"{what}: empty file; {FILE_FORMATS} files are read")
+    try:
+        import soundfile
+    except ImportError as e:   # pragma: no cover - soundfile is a dependency
+        raise AudioError(f"{what}: not a WAV file, and the soundfile package that reads other formats "
+                         "is not installed") from e
+    import io
+
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (RuntimeError, ValueError, TypeError, soundfile.LibsndfileError) as e:
+        detail = str(e).strip().rsplit(": ", 1)[-1] or type(e).__name__   # "Error opening <obj>: why"
+        raise AudioError(f"{what}: not a readable audio file ({detail.rstrip('.')}); "
+                         f"{FILE_FORMATS} files are read") from e
+    return samples, int(rate)
+
+
 def _decode_wav(data: bytes, what: str) -> tuple[np.ndarray, int]:
     """RIFF/WAVE bytes -> ((samples, channels) float32, rate). PCM 8/16/24/32-bit and float 32/64."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        raise AudioError(f"{what}: not a WAV file (no RIFF/WAVE header); WAV is the only file format read")
+        raise AudioError(f"{what}: not a WAV file (no RIFF/WAVE header)")
     fmt = body = None
     pos = 12
     while pos + 8 <= len(data):

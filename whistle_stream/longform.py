@@ -1,4 +1,5 @@
-"""Long audio: 30-second windows cut at sentence or word ends (guide §8, "Long audio").
+"""Long audio: 30-second windows cut at sentence or word ends (guide §8, "Long audio"), or
+utterances cut at the audio's pauses (`utterance_spans`, the stream's pause rule).
 
 Up to `window_s` seconds is one pass. Longer audio runs window by window: each window is cut at its
 last sentence end that falls at least 40% of the way in and half a second before its end, or failing
@@ -11,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .rules import WINDOW_S, ends_sentence
+import numpy as np
+
+from .rules import LOUDNESS, PAUSE_FRAME, PAUSE_S, WINDOW_S, ends_sentence, frame_levels, quiet, speech_level
 
 _EPS = 1e-9
 
@@ -85,3 +88,51 @@ def transcribe_long(total_s: float, transcribe_window: Callable[[float, float], 
     """All the kept words of `iter_windows`, in clip time."""
     return [w for window in iter_windows(total_s, transcribe_window, window_s, **cut_options)
             for w in window.words]
+
+
+SPLIT_OVER_S = 6.0      # an utterance longer than this is split again at its longest shorter pause ...
+SPLIT_PAUSE_S = 0.15    # ... of at least this many seconds, ...
+MIN_PART_S = 1.0        # ... when both parts keep at least this much audio
+
+
+def utterance_spans(pcm: np.ndarray, rate: int = 16000, pause_s: float = PAUSE_S,
+                    drop_db: float = LOUDNESS.pause_db) -> list[tuple[int, int]]:
+    """[(start, end)) sample spans of the utterances of a clip. It is cut in the middle of every
+    pause (`pause_s` of 20 ms frames `drop_db` under the clip's speech level, the stream's rule),
+    so each utterance keeps half of the pause on either side as lead-in and tail; an utterance
+    longer than SPLIT_OVER_S is then split at its longest quiet run of SPLIT_PAUSE_S or more
+    (sentences said with short breaths between them), again and again. Spans cover the clip
+    without gaps; a clip without pauses is one span; digital silence is no span at all."""
+    n_samples = len(pcm)
+    frame = PAUSE_FRAME * rate // 16000
+    rms = frame_levels(pcm, rate)
+    level = speech_level(rms)
+    if n_samples == 0 or level <= 0.0:
+        return []
+    head = n_samples - len(rms) * frame   # frames are aligned to the clip's end
+    still = quiet(rms, level, drop_db)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], still.astype(np.int8), [0]])))
+    runs = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2]) if a > 0 and b < len(rms)]
+    need = max(1, int(round(pause_s * rate / frame)))
+    cuts = [(a + b) // 2 for a, b in runs if b - a >= need]          # in frames
+    bounds = [0, *cuts, len(rms)]
+    spans = []
+    for a, b in zip(bounds, bounds[1:]):
+        spans += _split_long(a, b, runs, rate / frame)
+    out = [(head + a * frame if a else 0, head + b * frame if b < len(rms) else n_samples) for a, b in spans]
+    return [(a, b) for a, b in out if b > a]
+
+
+def _split_long(a: int, b: int, runs: list[tuple[int, int]], frames_per_s: float) -> list[tuple[int, int]]:
+    """Frames [a, b) as one span, or split at the middle of its longest inside quiet run."""
+    shortest = SPLIT_PAUSE_S * frames_per_s
+    part = MIN_PART_S * frames_per_s
+    if b - a <= SPLIT_OVER_S * frames_per_s:
+        return [(a, b)]
+    inside = [(r0, r1) for r0, r1 in runs if r1 - r0 >= shortest and (r0 + r1) // 2 - a >= part
+              and b - (r0 + r1) // 2 >= part]
+    if not inside:
+        return [(a, b)]
+    r0, r1 = max(inside, key=lambda r: (r[1] - r[0], -r[0]))
+    cut = (r0 + r1) // 2
+    return _split_long(a, cut, runs, frames_per_s) + _split_long(cut, b, runs, frames_per_s)

@@ -8,6 +8,7 @@ parallel.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 import time
 from pathlib import Path
 
@@ -19,10 +20,11 @@ from .container import CactFile
 from .decoder import Decoder
 from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
-from .longform import transcribe_long
+from .longform import transcribe_long, utterance_spans
 from .models import resolve_model
 from .rules import WINDOW_S
 from .search import _text_logprobs, beam_search
+from .streaming import sound_span
 
 
 
@@ -207,31 +209,71 @@ class Whistle:
         return {"tokens": list(r["tokens"]), "text": r["text"], "language": r["language"]}
 
     def transcribe(self, audio, language: str | None = None, keywords=None, word_timestamps: bool = False,
-                   beams: int = 5) -> dict:
+                   beams: int = 5, by: str = "windows", progress: Callable[[float, float], None] | None = None) -> dict:
         """Transcribe a clip of any length.
 
         Returns {"text", "language", "ttft_ms", "decode_tps"} (+ "words": [{word, start, end,
         probability}] in seconds from the clip start when word_timestamps). Audio the silence gate
         (§8) stops returns empty text and language without decoding.
+
+        by="windows" runs the guide's passes exactly: up to 30 s in one, longer audio in 30 s
+        windows (§8). by="utterances" cuts the clip at its pauses as the stream does and reads each
+        utterance alone (windows inside one longer than 30 s): what a file of many sentences
+        wants. `progress(done_s, total_s)` is called as the audio is read.
         """
+        if by not in ("windows", "utterances"):
+            raise ValueError(f"by must be 'windows' or 'utterances', got {by!r}")
         language = self.check_language(language)
         beams = _check_beams(beams)
         biaser = self._biaser(keywords)
         pcm = self.load_audio(audio)
         d = self.dims
         window = int(WINDOW_S * d.rate)
+        total_s = len(pcm) / d.rate
+        if by == "utterances":
+            return self._transcribe_utterances(pcm, language, biaser, beams, word_timestamps, progress)
         if not self.is_speech(pcm):
+            if progress is not None:
+                progress(total_s, total_s)
             return _result("", "", 0.0, 0.0, 0, [] if word_timestamps else None)
         if len(pcm) <= window:
             r = self._decode(pcm, language, biaser, beams, word_timestamps)
+            if progress is not None:
+                progress(total_s, total_s)
             return _result(r["text"], r["language"], r["ttft"], r["decode_s"], len(r["tokens"]),
                            r["words"] if word_timestamps else None)
-        return self._transcribe_long(pcm, language, biaser, beams, word_timestamps)
+        return self._transcribe_long(pcm, language, biaser, beams, word_timestamps, progress)
 
-    def _transcribe_long(self, pcm, language, biaser, beams, word_timestamps) -> dict:
-        """Guide §8: 30 s windows, each cut at its last sentence end / word end; next starts there."""
+    def _transcribe_utterances(self, pcm, language, biaser, beams, word_timestamps, progress) -> dict:
+        """Each utterance between the clip's pauses on its own (windows inside a long one); the
+        language is detected on the first utterance with speech, then held."""
         d = self.dims
+        total_s = len(pcm) / d.rate
         stats = {"language": language, "ttft": None, "decode_s": 0.0, "tokens": 0}
+        words: list[dict] = []
+        for span_start, span_end in utterance_spans(pcm, d.rate):
+            # framed as a stream's pass frames an utterance (digital silence around it)
+            first, last = sound_span(pcm[span_start:span_end], d.rate)
+            start, end = span_start + first, span_start + last
+            if end <= start:
+                continue
+            part = self._transcribe_long(pcm[start:end], stats["language"], biaser, beams, True, None, stats)
+            offset = start / d.rate
+            words += [{**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)}
+                      for w in part["words"]]
+            if progress is not None:
+                progress(span_end / d.rate, total_s)
+        if progress is not None:
+            progress(total_s, total_s)
+        return _result(" ".join(w["word"] for w in words), stats["language"] or "", stats["ttft"] or 0.0,
+                       stats["decode_s"], stats["tokens"], words if word_timestamps else None)
+
+    def _transcribe_long(self, pcm, language, biaser, beams, word_timestamps, progress=None, stats=None) -> dict:
+        """Guide §8: 30 s windows, each cut at its last sentence end / word end; next starts there.
+        `stats` carries the language and timings across calls (utterances)."""
+        d = self.dims
+        stats = stats if stats is not None else {"language": language, "ttft": None, "decode_s": 0.0, "tokens": 0}
+        total_s = len(pcm) / d.rate
 
         def window(start_s: float, length_s: float) -> list[dict]:
             start = int(round(start_s * d.rate))
@@ -243,6 +285,8 @@ class Whistle:
             stats["ttft"] = r["ttft"] if stats["ttft"] is None else stats["ttft"]
             stats["decode_s"] += r["decode_s"]
             stats["tokens"] += len(r["tokens"])
+            if progress is not None:
+                progress(min(total_s, start_s + length_s), total_s)
             return r["words"]
 
         words = [{**w, "start": round(w["start"], 3), "end": round(w["end"], 3)}

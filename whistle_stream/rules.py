@@ -23,6 +23,8 @@ SENTENCE_END = (".", "!", "?", "\u2026")
 _CLOSERS = "\"'\u201d\u2019)]}\u00bb"   # a sentence can end inside a quote or bracket: `said."`
 WORD_START = "\u2581"       # "▁": sentencepiece's visible space, which opens a word's first piece
 SPEECH_PERCENTILE = 90.0    # the frame RMS percentile that stands for a clip's speech level
+PAUSE_FRAME = 320           # samples at 16 kHz: the 20 ms frames pauses are measured in
+PAUSE_S = 0.45              # quiet frames (`LOUDNESS.pause_db`) this long make a pause between utterances
 
 
 @dataclass(frozen=True)
@@ -53,3 +55,12 @@ def quiet_under(level: float, db: float) -> float:
 def quiet(rms: np.ndarray, level: float, db: float) -> np.ndarray:
     """(frames,) bool: the frames at least `db` under `level`."""
     return np.asarray(rms) <= quiet_under(level, db)
+
+
+def frame_levels(audio: np.ndarray, rate: int = 16000) -> np.ndarray:
+    """RMS of each 20 ms frame of `audio`, frames aligned to its end (a partial frame at the start
+    is left out); empty when the audio is shorter than a frame."""
+    frame = PAUSE_FRAME * rate // 16000
+    n = len(audio) // frame
+    frames = np.asarray(audio[len(audio) - n * frame:], np.float32).reshape(n, frame)
+    return np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))

@@ -21,7 +21,7 @@ import numpy as np
 
 from .commit import CommitPolicy, Word
 from .longform import cut_point
-from .rules import LOUDNESS, WINDOW_S, quiet, quiet_under, speech_level
+from .rules import LOUDNESS, PAUSE_FRAME, PAUSE_S, WINDOW_S, frame_levels, quiet, quiet_under, speech_level
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Whistle
@@ -31,11 +31,9 @@ MIN_STEP_S, MAX_STEP_S = 0.1, 10.0  # the pass step a stream accepts (the servic
 # Audio kept before the first uncommitted word when trimming: word edges are only known to one
 # encoder frame (80 ms), and a little left context keeps the first pending word's onset intact.
 TRIM_MARGIN_S = 0.24
-# A pause ends an utterance: PAUSE_S seconds of 20 ms frames all quiet (rules.LOUDNESS.pause_db
-# under the buffer's speech level), in the newest step of audio. The words before it are committed
-# (the pass heard their whole utterance) and the buffer restarts at the pause.
-PAUSE_S = 0.45
-PAUSE_FRAME = 320  # samples: 20 ms at 16 kHz
+# A pause (rules.PAUSE_S of quiet 20 ms frames) in the newest step of audio ends an utterance:
+# the words before it are committed (the pass heard their whole utterance) and the buffer
+# restarts at the pause.
 # Words two passes agree on are committed only once they end HOLD_S before the pass's audio ends;
 # the newest second stays pending, and at a pause the whole utterance is read at once
 # (docs/streaming.md has the measurements behind the figure).
@@ -321,15 +319,6 @@ def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PA
         if end - start >= need and (leading or start > 0):
             return head + (start + end) * frame // 2
     return None
-
-
-def frame_levels(audio: np.ndarray, rate: int = 16000) -> np.ndarray:
-    """RMS of each 20 ms frame of `audio`, frames aligned to its end (a partial frame at the start
-    is left out); empty when the audio is shorter than a frame."""
-    frame = PAUSE_FRAME * rate // 16000
-    n = len(audio) // frame
-    frames = np.asarray(audio[len(audio) - n * frame:], np.float32).reshape(n, frame)
-    return np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
 
 
 def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_S,

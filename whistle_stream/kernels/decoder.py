@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, types
+from numba import njit, typeof, types
 from numba.extending import overload
 
 from . import (
@@ -739,6 +739,13 @@ def _engram_mix(x, key, value, eps, embed_scale):
         for c in range(width):
             x[r, c] = x[r, c] + g * value[r, c]
 
+
+
+def compiled_for(dispatcher, *args):
+    """The compiled entry point of a kernel for these arguments' types. Calls through it skip
+    Numba's per-call type resolution, which for a `LayerStep` record (~60 arrays in named tuples)
+    costs more than the call itself; a decoder step calls `_block_step` once a layer."""
+    return dispatcher.compile(tuple(typeof(a) for a in args))
 
 
 # ---------------------------------------------------------------- one decoder layer's arguments
