@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
 from whistle_stream.service import protocol as P
 
@@ -46,11 +46,25 @@ class SessionEnded(ClientError):
 RETRYABLE_CLOSE = {P.CloseCode.GOING_AWAY, P.CloseCode.TRY_AGAIN, 1006}
 
 
+def check_server_url(server: str) -> str:
+    """A server URL as the client uses it: ws://, wss://, http:// or https:// with a host (and
+    port). Raises ClientError saying what is accepted."""
+    parts = urlsplit(server.strip())
+    try:
+        parts.port   # raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname:
+        raise ClientError(f"the server must be a URL like ws://127.0.0.1:8000 (ws, wss, http or https "
+                          f"with a host), got {server!r}")
+    return server.strip()
+
+
 def listen_url(server: str, *, sample_rate: int = 16000, encoding: str = "pcm_s16le",
                language: str | None = None, keywords=(), token: str | None = None,
                vad: bool = True) -> str:
-    """The /v1/listen URL with its query parameters."""
-    base = server.rstrip("/")
+    """The /v1/listen URL with its query parameters. Raises ClientError for a malformed server URL."""
+    base = check_server_url(server).rstrip("/")
     if base.startswith("http"):
         base = "ws" + base[4:]
     if not base.endswith("/v1/listen"):
@@ -81,7 +95,7 @@ class ListenClient:
                  encoding: str = "pcm_s16le", language: str | None = None, keywords=(),
                  token: str | None = None, vad: bool = True, origin: str | None = None,
                  retries: int = 0, backoff: float = 0.5, max_backoff: float = 8.0,
-                 open_timeout: float = 10.0):
+                 open_timeout: float = 10.0, on_retry=None):
         self.server = server
         self.encoding = encoding
         self.url = listen_url(server, sample_rate=sample_rate, encoding=encoding, language=language,
@@ -90,6 +104,7 @@ class ListenClient:
         self.origin = origin
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
         self.open_timeout = open_timeout
+        self.on_retry = on_retry   # on_retry(attempt, retries, delay_s, error): a retry is coming
         self.ws: ClientConnection | None = None
         self.ready: P.Ready | None = None
         self.messages: list[P.ServerMessage] = []   # every message received, in order
@@ -100,21 +115,23 @@ class ListenClient:
     async def connect(self) -> P.Ready:
         """Open a session and wait for `ready`, retrying with exponential backoff + jitter.
 
-        Raises ServerUnreachable (no server), AuthFailed (4401: wrong token) or SessionEnded.
+        Raises ServerUnreachable (no server, or one not ready yet), AuthFailed (4401: wrong token),
+        SessionEnded, or ClientError for what no retry mends (a wrong URL or path).
         """
         attempt = 0
         while True:
             try:
                 return await self._connect_once()
-            except AuthFailed:
-                raise
             except (ServerUnreachable, SessionEnded) as e:
                 retryable = isinstance(e, ServerUnreachable) or e.code in RETRYABLE_CLOSE
                 if not retryable or attempt >= self.retries:
                     raise
+                error = e
             attempt += 1
-            delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
-            await asyncio.sleep(delay * (0.75 + 0.5 * random.random()))
+            delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.75 + 0.5 * random.random())
+            if self.on_retry is not None:
+                self.on_retry(attempt, self.retries, delay, error)
+            await asyncio.sleep(delay)
 
     async def _connect_once(self) -> P.Ready:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
@@ -126,7 +143,14 @@ class ListenClient:
             body = e.response.body.decode("utf-8", "replace").strip()
             if status == 403:
                 raise ClientError(f"the server refused this origin: {body}") from e
-            raise ServerUnreachable(f"{self.server} answered HTTP {status}: {body}") from e
+            if status == 404:
+                raise ClientError(f"{self.server} has no /v1/listen (HTTP 404): check the URL, which should be "
+                                  "the server's address such as ws://127.0.0.1:8000") from e
+            if status in (502, 503, 504):   # loading, draining, or a balancer with no replica ready
+                raise ServerUnreachable(f"{self.server} answered HTTP {status}: {body}") from e
+            raise ClientError(f"{self.server} refused the session (HTTP {status}): {body}") from e
+        except InvalidURI as e:
+            raise ClientError(f"the server must be a URL like ws://127.0.0.1:8000, got {self.server!r}") from e
         except (OSError, asyncio.TimeoutError) as e:
             raise ServerUnreachable(f"cannot reach {self.server}: {e.__class__.__name__}: {e} "
                                     "(is `whistle-stream serve` running?)") from e

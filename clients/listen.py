@@ -19,7 +19,6 @@ import shutil
 import signal
 import sys
 import time
-import wave
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +28,7 @@ from whistle_stream.service import protocol as P
 from whistle_stream.service.core import SessionCore
 
 from .client import (AuthFailed, ClientError, ListenClient, RETRYABLE_CLOSE, ServerUnreachable, SessionEnded,
-                     to_pcm)
+                     check_server_url, to_pcm)
 
 RATE = 16000
 BLOCK_S = 0.1          # audio sent per frame: 100 ms keeps latency low and frames small
@@ -126,35 +125,19 @@ class Summary:
 # ---------------------------------------------------------------------------------------------
 # Audio sources: async iterators of float32 16 kHz mono blocks
 
-def read_wav(path: str) -> tuple[np.ndarray, int]:
-    """A PCM WAV file -> (float32 mono in [-1, 1], rate). Raises AudioInputError."""
+def read_audio(path: str) -> np.ndarray:
+    """An audio file (WAV, FLAC, OGG, MP3) -> float32 mono 16 kHz. Raises AudioInputError."""
+    from whistle_stream.errors import AudioError
+    from whistle_stream.frontend import load_audio
+
     try:
-        with wave.open(path, "rb") as w:
-            rate, width, channels = w.getframerate(), w.getsampwidth(), w.getnchannels()
-            data = w.readframes(w.getnframes())
-    except (OSError, EOFError, wave.Error) as e:
-        raise AudioInputError(f"cannot read {path!r} as a PCM WAV file: {e}") from e
-    if width == 1:
-        samples = (np.frombuffer(data, np.uint8).astype(np.float32) - 128) / 128
-    elif width == 2:
-        samples = np.frombuffer(data, "<i2").astype(np.float32) / 32768
-    elif width == 3:
-        raw = np.frombuffer(data, np.uint8).reshape(-1, 3)
-        ints = (raw[:, 0].astype(np.int32) | raw[:, 1].astype(np.int32) << 8 | raw[:, 2].astype(np.int32) << 16)
-        samples = ((ints << 8) >> 8).astype(np.float32) / (1 << 23)
-    elif width == 4:
-        samples = np.frombuffer(data, "<i4").astype(np.float32) / (1 << 31)
-    else:
-        raise AudioInputError(f"{path!r}: unsupported sample width {width} bytes; use 8-32 bit PCM")
-    samples = samples.reshape(-1, channels).mean(axis=1).astype(np.float32)
-    return samples, rate
+        return load_audio(path)
+    except AudioError as e:
+        raise AudioInputError(str(e)) from e
 
 
-async def file_blocks(path: str, speed: float = 1.0):
-    """A WAV file as 16 kHz blocks of BLOCK_S seconds, paced at `speed` times real time."""
-    samples, rate = read_wav(path)
-    if rate != RATE:
-        samples = soxr.resample(samples, rate, RATE).astype(np.float32)
+async def file_blocks(samples: np.ndarray, speed: float = 1.0):
+    """16 kHz samples (`read_audio`) as blocks of BLOCK_S seconds, paced at `speed` times real time."""
     block = int(BLOCK_S * RATE)
     start = time.monotonic()
     for i in range(0, len(samples), block):
@@ -236,7 +219,7 @@ async def run_remote(args, blocks, display, summary: Summary) -> None:
     while True:
         client = ListenClient(args.server, sample_rate=RATE, language=args.language,
                               keywords=args.keyword, token=args.token, vad=not args.no_vad,
-                              retries=args.retries)
+                              retries=args.retries, on_retry=_say_retry)
         display.update(await client.connect())
         summary.sessions += 1
 
@@ -270,6 +253,11 @@ async def run_remote(args, blocks, display, summary: Summary) -> None:
         if dropped.code not in RETRYABLE_CLOSE:
             raise dropped
         sys.stderr.write(f"\nconnection lost ({dropped}); reconnecting\n")
+
+
+def _say_retry(attempt: int, retries: int, delay: float, error: Exception) -> None:
+    sys.stderr.write(f"whistle-listen: {error}; retry {attempt} of {retries} in {delay:.1f} s\n")
+    sys.stderr.flush()
 
 
 async def run_local(args, blocks, display, summary: Summary, model=None) -> None:
@@ -309,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--language", help="force a language (default: detect)")
     p.add_argument("--keyword", action="append", default=[], help="keyword phrase to bias toward (repeatable)")
     p.add_argument("--token", default=os.environ.get("WHISTLE_TOKEN"), help="server token [env WHISTLE_TOKEN]")
-    p.add_argument("--file", help="stream this WAV file instead of the microphone")
+    p.add_argument("--file", help="stream this audio file (WAV, FLAC, OGG, MP3) instead of the microphone")
     p.add_argument("--speed", type=float, default=1.0, help="--file pace, times real time (default 1)")
     p.add_argument("--seconds", type=float, help="stop after this much audio")
     p.add_argument("--device", help="sounddevice input device (name or index)")
@@ -339,8 +327,10 @@ async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
     except (NotImplementedError, RuntimeError):
         pass
     try:
+        if not args.local:
+            check_server_url(args.server)   # a malformed URL fails before any audio is opened
         if args.file:
-            source = file_blocks(args.file, args.speed)
+            source = file_blocks(read_audio(args.file), args.speed)   # unreadable: fails before connecting
         else:
             device = int(args.device) if args.device and args.device.isdecimal() else args.device
             sd = sounddevice or load_sounddevice()

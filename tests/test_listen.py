@@ -185,10 +185,37 @@ def test_a_wrong_token_is_a_clear_error(token_server, tmp_path, capsys):
                         "s3cret", "--speed", "20"]) == 0
 
 
-def test_an_unreadable_file_is_a_clear_error(tmp_path, capsys):
+def test_an_unreadable_file_is_a_clear_error_before_any_connection(tmp_path, capsys):
     (tmp_path / "x.wav").write_bytes(b"not a wav")
     assert listen.main(["--local", "--file", str(tmp_path / "x.wav")], model=FakeWhistle()) == listen.EXIT_NO_AUDIO
-    assert "cannot read" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "x.wav: not a readable audio file (" in err and "WAV, FLAC" in err
+    # with a server that is not there: the file's error, at once, not the connection's
+    assert listen.main(["--server", "ws://127.0.0.1:9", "--file", str(tmp_path / "x.wav")]) == listen.EXIT_NO_AUDIO
+    err = capsys.readouterr().err
+    assert "not a readable audio file" in err and "cannot reach" not in err
+
+
+def test_a_malformed_server_url_is_a_usage_error_without_a_traceback(tmp_path, capsys):
+    write_wav(tmp_path / "clip.wav", 0.5)
+    for url in ("notaurl", "ftp://host", "ws://host:port"):
+        assert listen.main(["--server", url, "--file", str(tmp_path / "clip.wav")]) == listen.EXIT_ERROR
+        err = capsys.readouterr().err
+        assert "must be a URL like ws://127.0.0.1:8000" in err and "Traceback" not in err, url
+
+
+def test_retries_are_shown_as_they_happen_and_a_wrong_path_fails_at_once(server, tmp_path, capsys):
+    import time
+
+    write_wav(tmp_path / "clip.wav", 0.5)
+    assert listen.main(["--server", "ws://127.0.0.1:9", "--file", str(tmp_path / "clip.wav"),
+                        "--retries", "2"]) == listen.EXIT_UNREACHABLE
+    err = capsys.readouterr().err
+    assert err.count("retry ") == 2 and "retry 1 of 2" in err and "cannot reach" in err
+    t0 = time.monotonic()
+    assert listen.main(["--server", server + "/wrong/path", "--file", str(tmp_path / "clip.wav")]) == listen.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert time.monotonic() - t0 < 5 and "HTTP 404" in err and "retry" not in err
 
 
 def test_ctrl_c_finalizes_and_prints_a_summary(server, tmp_path):
