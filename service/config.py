@@ -37,6 +37,9 @@ class ServiceConfig:
     send_queue: int = 256                    # messages queued for one client before it counts as slow
     send_timeout: float = 10.0               # seconds one send may block before the client counts as slow
     drain_timeout: float = 30.0              # SIGTERM: seconds to finish open sessions
+    max_upload_bytes: int = 25 << 20         # POST /v1/audio/transcriptions: largest file (OpenAI's limit)
+    max_upload_seconds: float = 3600.0       # ... and most audio seconds in it
+    request_timeout: float = 60.0            # seconds for a POST request's bytes to arrive
     log_level: str = "info"
 
     def __post_init__(self):
@@ -53,6 +56,8 @@ class ServiceConfig:
             (MIN_STEP_S <= self.step_s <= MAX_STEP_S, f"step_s must be {MIN_STEP_S:g}..{MAX_STEP_S:g} seconds"),
             (self.send_queue >= 1 and self.send_timeout > 0, "send_queue/send_timeout must be positive"),
             (self.drain_timeout >= 0, "drain_timeout must be non-negative"),
+            (self.max_upload_bytes >= 1024 and self.max_upload_seconds > 0 and self.request_timeout > 0,
+             "max_upload_bytes must be at least 1024, max_upload_seconds and request_timeout positive"),
         ]
         for ok, message in checks:
             if not ok:
@@ -78,6 +83,9 @@ _HELP = {
     "send_queue": "messages queued per client before it is disconnected as slow",
     "send_timeout": "seconds a send may block before the client is disconnected as slow",
     "drain_timeout": "seconds SIGTERM waits for open sessions to finish",
+    "max_upload_bytes": "largest file POST /v1/audio/transcriptions accepts, bytes",
+    "max_upload_seconds": "most audio seconds in one uploaded file",
+    "request_timeout": "seconds a POST request may take to arrive",
     "log_level": "debug, info, warning or error",
 }
 

@@ -155,12 +155,12 @@ class TokenBucket:
 
 def check_token(expected: str | None, authorization: str | None, query: str = "") -> None:
     """The auth decision: pass when no token is required, or when the `Authorization: Bearer`
-    header, else the raw query string's `token`, equals it. The token alone decides, before the
+    (or Deepgram's `Token`) header, else the raw query string's `token`, equals it. The token alone decides, before the
     other parameters are parsed. Raises ProtocolError(unauthorized)."""
     if expected is None:
         return
     scheme, _, value = (authorization or "").partition(" ")
-    given = value.strip() if scheme.lower() == "bearer" and value.strip() else None
+    given = value.strip() if scheme.lower() in ("bearer", "token") and value.strip() else None
     if given is None:
         given = next((v for k, v in parse_qsl(query, keep_blank_values=True) if k == "token"), None)
     if given is None or not hmac.compare_digest(given.encode(), expected.encode()):

@@ -37,10 +37,14 @@ from websockets.http11 import Request, Response
 
 from . import protocol as P
 from .config import ServiceConfig, add_serve_arguments, config_from_args
-from .core import FinishNow, SessionCore, SessionLimits, Work, check_token
+from . import deepgram, openai_api
+from .core import Feed, FinishNow, SessionCore, SessionLimits, Work, check_token
+from .http import Reply, Request as HttpRequest, diverting
 
 log = logging.getLogger("whistle.service")
 LISTEN_PATH = "/v1/listen"
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+MODELS_PATH = "/v1/models"
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/index.html": ("index.html", "text/html; charset=utf-8"),
           "/captions.js": ("captions.js", "text/javascript; charset=utf-8")}
@@ -109,6 +113,7 @@ class App:
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="engine")
         self.sessions: set[SessionRunner] = set()
+        self.requests_open = 0   # transcription uploads on the engine now
         self.ready = False
         self.draining = False
         self.server = None
@@ -155,6 +160,7 @@ class App:
         c = self.config
         self.server = await ws_serve(
             self._handle, c.host, c.port, process_request=self._route, max_size=c.max_frame_bytes,
+            create_connection=diverting(self._http, c.max_upload_bytes + 65536, c.request_timeout),
             max_queue=16, write_limit=2 ** 16, ping_interval=20, ping_timeout=20, close_timeout=5,
             server_header="whistle-stream", logger=logging.getLogger("whistle.websockets"))
         self.port = self.server.sockets[0].getsockname()[1]
@@ -200,6 +206,8 @@ class App:
     # -- HTTP --------------------------------------------------------------------------------
     def _route(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.partition("?")[0]
+        if path == deepgram.LISTEN_PATH:
+            return self._route_deepgram(request)
         if path == LISTEN_PATH:
             origin = request.headers.get("Origin")
             allowed = self.config.allowed_origins
@@ -221,6 +229,11 @@ class App:
             return _response(200 if ok else 503, "ready\n" if ok else "not ready\n")
         if path == "/metrics":
             return _response(200, self.metrics.text(), CONTENT_TYPE_LATEST)
+        if path == MODELS_PATH:
+            denied = self._authorize_http(request.headers.get("Authorization"), request.path.partition("?")[2])
+            if denied is not None:
+                return _response(denied.status, denied.body(), "application/json")
+            return _response(200, openai_api.models_body(self.model_name), "application/json")
         if path in self._static:
             file, kind = self._static[path]
             try:
@@ -228,6 +241,98 @@ class App:
             except OSError:
                 return _response(404, "not found\n")
         return _response(404, "not found\n")
+
+    def _route_deepgram(self, request: Request) -> Response | None:
+        """The Deepgram dialect refuses at the handshake, with Deepgram's HTTP error body."""
+        query = request.path.partition("?")[2]
+        try:
+            origin = request.headers.get("Origin")
+            if origin is not None and self.config.allowed_origins and origin not in self.config.allowed_origins:
+                raise deepgram.DeepgramError(403, f"Origin {origin[:100]!r} is not allowed", "Forbidden")
+            try:
+                check_token(self.config.token, request.headers.get("Authorization"), query)
+            except P.ProtocolError as e:
+                raise deepgram.DeepgramError(401, "missing or wrong API key; send 'Authorization: Token <key>'",
+                                             "INVALID_AUTH") from e
+            if self.draining or not self.ready:
+                raise deepgram.DeepgramError(503, "the server is shutting down or loading; retry", "Unavailable")
+            if len(self.sessions) + self.requests_open >= self.config.max_sessions:
+                raise deepgram.DeepgramError(429, f"the server is at its limit of {self.config.max_sessions} "
+                                             "sessions; retry later", "TOO_MANY_REQUESTS")
+            deepgram.parse_query(query, self.model.dims.languages)
+        except deepgram.DeepgramError as e:
+            self.metrics.rejects.labels("deepgram_" + str(e.status)).inc()
+            log_event("rejected", level=logging.WARNING, reason="deepgram", status=e.status, detail=e.message)
+            return _response(e.status, e.body(), "application/json")
+        return None
+
+    # -- HTTP with a body: the OpenAI-compatible transcription endpoint ----------------------
+    @property
+    def model_name(self) -> str:
+        return getattr(self.model, "name", "whistle")
+
+    def _authorize_http(self, authorization: str | None, query: str) -> openai_api.ApiError | None:
+        try:
+            check_token(self.config.token, authorization, query)
+        except P.ProtocolError as e:
+            self.metrics.rejects.labels(e.code.value).inc()
+            return openai_api.ApiError(401, "missing or wrong API key; send 'Authorization: Bearer <token>'",
+                                       code="invalid_api_key")
+        return None
+
+    async def _http(self, request: HttpRequest, body: bytes) -> Reply:
+        """A request websockets does not take (POST): the transcription endpoint, or an error."""
+        path, _, query = request.path.partition("?")
+        try:
+            if path != TRANSCRIPTIONS_PATH:
+                if request.method == "HEAD" and path in ("/healthz", "/readyz"):
+                    ok = path == "/healthz" or (self.ready and not self.draining)
+                    return Reply(200 if ok else 503, b"", "text/plain; charset=utf-8")
+                raise openai_api.ApiError(404 if request.method == "POST" else 405,
+                                          f"no {request.method} {path[:100]}; POST {TRANSCRIPTIONS_PATH} "
+                                          "transcribes a file, /v1/listen is the WebSocket")
+            if request.method != "POST":
+                raise openai_api.ApiError(405, f"{TRANSCRIPTIONS_PATH} takes POST")
+            denied = self._authorize_http(request.headers.get("authorization"), query)
+            if denied is not None:
+                raise denied
+            if self.draining or not self.ready:
+                raise openai_api.ApiError(503, "the server is " + ("shutting down" if self.draining else
+                                          "loading its model") + "; retry", type="server_error")
+            form = openai_api.parse_form(request.headers.get("content-type", ""), body,
+                                         self.model.dims.languages)
+            if len(self.sessions) + self.requests_open >= self.config.max_sessions:
+                self.metrics.rejects.labels(P.ErrorCode.SERVER_FULL.value).inc()
+                raise openai_api.ApiError(503, f"the server is at its limit of {self.config.max_sessions} "
+                                          "sessions and requests; retry later", type="server_error",
+                                          code="server_full")
+            self.requests_open += 1
+            try:
+                content_type, out = await self.engine(self._transcribe_upload, form)
+            finally:
+                self.requests_open -= 1
+            log_event("transcribed", bytes=len(form.audio), format=form.response_format)
+            return Reply(200, out, content_type)
+        except openai_api.ApiError as e:
+            if e.status != 401:
+                self.metrics.rejects.labels("http_" + str(e.status)).inc()
+            headers = (("Retry-After", "1"),) if e.status == 503 else ()
+            return Reply(e.status, e.body(), "application/json", headers)
+
+    def _transcribe_upload(self, form: openai_api.TranscriptionRequest) -> tuple[str, bytes]:
+        """On a worker: decode the upload, transcribe it by utterance, render the response."""
+        pcm = openai_api.decode_audio(form)
+        seconds = len(pcm) / self.model.dims.rate
+        if seconds > self.config.max_upload_seconds:
+            raise openai_api.ApiError(413, f"the file holds {seconds:.0f} s of audio; at most "
+                                      f"{self.config.max_upload_seconds:g} s", param="file")
+        self.metrics.audio_seconds.inc(seconds)
+        try:
+            result = self.model.transcribe(pcm, language=form.language, keywords=list(form.keywords) or None,
+                                           word_timestamps=form.word_times, by="utterances")
+        except ValueError as e:   # the engine refused a keyword phrase
+            raise openai_api.ApiError(400, str(e)[:300], param="prompt") from e
+        return openai_api.render(result, form, seconds)
 
     # -- WebSocket ---------------------------------------------------------------------------
     async def refuse(self, conn: ServerConnection, code: P.ErrorCode, message: str) -> None:
@@ -244,7 +349,7 @@ class App:
         if self.draining:   # the handshake passed just before the drain began
             await self.refuse(conn, P.ErrorCode.SHUTTING_DOWN, "the server is shutting down; reconnect")
             return
-        query = request.path.partition("?")[2]
+        path, _, query = request.path.partition("?")
         try:
             check_token(self.config.token, request.headers.get("Authorization"), query)
         except P.ProtocolError as e:   # the token alone decides, even if other parameters are bad
@@ -254,12 +359,19 @@ class App:
             await self.refuse(conn, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
                                f"{self.config.max_sessions} sessions; retry later")
             return
+        dialect, limits = None, self.limits
         try:
-            session_config = P.parse_query(query, self.model.dims.languages)
-        except P.ProtocolError as e:
-            await self.refuse(conn, e.code, e.message)
+            if path == deepgram.LISTEN_PATH:   # checked at the handshake already (_route)
+                session_config, options = deepgram.parse_query(query, self.model.dims.languages)
+                dialect = deepgram.Dialect(options, self.model_name)
+                limits = dataclasses.replace(limits, end_of_speech_ms=options.end_of_speech_ms)
+            else:
+                session_config = P.parse_query(query, self.model.dims.languages)
+        except (P.ProtocolError, deepgram.DeepgramError) as e:
+            code = getattr(e, "code", P.ErrorCode.BAD_REQUEST)
+            await self.refuse(conn, code if isinstance(code, P.ErrorCode) else P.ErrorCode.BAD_REQUEST, e.message)
             return
-        runner = SessionRunner(self, conn, session_config)
+        runner = SessionRunner(self, conn, session_config, limits, dialect)
         self.sessions.add(runner)
         self.metrics.sessions_open.inc()
         try:
@@ -295,11 +407,13 @@ class SessionRunner:
     sender:  outgoing queue -> socket (bounded; a client that does not read is disconnected)
     """
 
-    def __init__(self, app: App, conn: ServerConnection, config: P.SessionConfig):
+    def __init__(self, app: App, conn: ServerConnection, config: P.SessionConfig,
+                 limits: SessionLimits | None = None, dialect: deepgram.Dialect | None = None):
         self.app, self.conn, self.config = app, conn, config
         self.id = uuid.uuid4().hex[:12]
-        self.core = SessionCore(app.model, config, app.limits, session_id=self.id,
+        self.core = SessionCore(app.model, config, limits or app.limits, session_id=self.id,
                                 observer=MetricsObserver(app.metrics))
+        self.dialect = dialect   # None: our own protocol; else it translates frames both ways
         self.task = asyncio.current_task()
         c = app.config
         self._work: deque[Work] = deque()
@@ -322,9 +436,15 @@ class SessionRunner:
         log_event(event, level, session=self.id, **fields)
 
     def _emit(self, messages) -> None:
-        for m in messages:
+        if self.dialect is None:
+            self._put(P.encode(m) for m in messages)
+        else:
+            self._put(text for m in messages for text in self.dialect.outgoing(m))
+
+    def _put(self, texts) -> None:
+        for text in texts:
             try:
-                self._outgoing.put_nowait(P.encode(m))
+                self._outgoing.put_nowait(text)
             except asyncio.QueueFull:
                 self._disconnect_slow("send queue full")
                 return
@@ -390,6 +510,8 @@ class SessionRunner:
             except ConnectionClosed:
                 return ("disconnected", None, None)
             try:
+                if self.dialect is not None:
+                    frame = self.dialect.incoming(frame)
                 received = self.core.receive(frame)
             except P.ProtocolError as e:
                 self.app.metrics.rejects.labels(e.code.value).inc()
@@ -399,6 +521,9 @@ class SessionRunner:
                     return (e.code.value, e.close_code, error)
                 self._emit([error])
                 continue
+            if self.dialect is not None:
+                self._put(text for item in received.work if isinstance(item, Feed) for c in item.chunks
+                          if c.first for text in self.dialect.speech_started(c.start))
             self._queue(received.work)
             if received.close:
                 return ("close", P.CloseCode.NORMAL, None)

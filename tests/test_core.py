@@ -191,6 +191,7 @@ def test_commit_latency_is_measured_on_the_core_clock():
     ("t0k", None, "token=t0k&sample_rate=bad", True),   # the token alone decides
     ("t0k", "Bearer wrong", "token=t0k", False),        # the header wins over the query
     ("t0k", "Basic t0k", "", False),
+    ("t0k", "Token t0k", "", True),                      # Deepgram's scheme
     ("t0k", None, "", False),
     ("t0k", None, "token=", False),
 ])
