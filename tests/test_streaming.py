@@ -378,3 +378,48 @@ def test_the_stream_generator_yields_a_dict_per_chunk_then_the_final_one():
     strip = [{k: v for k, v in d.items() if k != "pass_ms"} for d in got]
     assert strip == [{k: v for k, v in d.items() if k != "pass_ms"} for d in want]
     assert got[-1]["pending"] == "" and any(d["words"] for d in got)
+
+
+# ---- checkpoints: a stream that continues another --------------------------------------------
+
+def _resumed_run(audio: np.ndarray, cut_at: list[int], chunk: int = 1600, model=None):
+    """Stream `audio` in `chunk`s; at each chunk index in `cut_at`, checkpoint through JSON, restore
+    a new stream from it and feed it the audio from the checkpoint's buffer start again."""
+    import json
+
+    model = model or FakeModel()
+    session = StreamSession(model)
+    out, i, k = [], 0, 0
+    while i < len(audio):
+        if k in cut_at:
+            state = json.loads(json.dumps(session.checkpoint()))
+            session = StreamSession.restore(model, state)
+            i = int(round(session.buffer_start_s * RATE))   # the client replays from there
+            replay = audio[i:state["received"]]
+            assert session.feed(replay)["words"] == []         # no pass re-runs on replayed audio
+            i = state["received"]
+        out.append(session.feed(audio[i:i + chunk]))
+        i += chunk
+        k += 1
+    out.append(session.finish())
+    return [w for d in out for w in d["words"]], "".join(d["text"] for d in out)
+
+
+def test_a_restored_stream_commits_exactly_what_the_uninterrupted_one_does():
+    audio, _ = scripted_audio(40, seed=11)
+    plain, plain_text = _resumed_run(audio, [])
+    for cuts in ([5], [3, 9, 17], list(range(2, 80, 4))):
+        words, text = _resumed_run(audio, cuts)
+        assert words == plain and text == plain_text, cuts
+
+
+def test_a_checkpoint_is_refused_when_it_does_not_fit():
+    session = StreamSession(FakeModel())
+    session.feed(np.zeros(3 * RATE, np.float32))
+    state = session.checkpoint()
+    with pytest.raises(ValueError, match="out of order"):
+        StreamSession.restore(FakeModel(), {**state, "next_pass": state["buffer_start"]})
+    with pytest.raises(ValueError, match="not a stream checkpoint"):
+        StreamSession.restore(FakeModel(), {"v": 1, "rate": RATE})
+    with pytest.raises(ValueError, match="version or sample rate"):
+        StreamSession.restore(FakeModel(), {**state, "rate": 8000})

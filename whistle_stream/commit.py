@@ -145,6 +145,26 @@ class CommitPolicy:
     def committed(self) -> list[Word]:
         return list(self._committed)
 
+    def state(self) -> dict:
+        """What a restored policy needs to decide as this one would (JSON-able): the committed
+        words passes still compare with (the current utterance's, and the last `repeat_words`),
+        the last pass's hypothesis and the pending words."""
+        keep = min(self._since, max(0, len(self._committed) - self.repeat_words))
+        words = lambda ws: [[w.word, float(w.start), float(w.end), float(w.probability)] for w in ws]  # noqa: E731
+        return {"committed": words(self._committed[keep:]), "since": self._since - keep,
+                "previous": words(self._previous), "pending": words(self._pending)}
+
+    def restore(self, state: dict) -> "CommitPolicy":
+        """Take a `state()`; returns self."""
+        words = lambda ws: [Word(str(w[0]), float(w[1]), float(w[2]), float(w[3])) for w in ws]  # noqa: E731
+        self._committed = words(state["committed"])
+        self._since = int(state["since"])
+        self._previous = words(state.get("previous", []))
+        self._pending = words(state.get("pending", []))
+        if not 0 <= self._since <= len(self._committed):
+            raise ValueError(f"policy state: since {self._since} out of range")
+        return self
+
     @property
     def committed_until_s(self) -> float:
         """End of the last committed word in seconds (0.0 before any); audio before it can be trimmed."""

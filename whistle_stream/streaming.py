@@ -84,6 +84,51 @@ class StreamSession:
         self.pass_seconds_total = 0.0
         self._committed_words = 0  # words committed so far: later text pieces open with a space
 
+    # ---- checkpoints -----------------------------------------------------------------------
+    def checkpoint(self) -> dict:
+        """The stream's state without its audio (JSON-able): with `restore` and the audio from
+        `buffer_start_s` on fed again, a new stream continues exactly as this one would. Passes do
+        not run again on the re-fed audio: the next pass is where this stream's next pass is."""
+        return {"v": 1, "rate": int(self.rate), "step": int(self.step), "buffer_start": int(self._buffer_start),
+                "received": int(self._received), "next_pass": int(self._next_pass),
+                "speech_level": float(self._speech_level),
+                "pause_at": None if self._pause_at is None else int(self._pause_at), "language": self.language,
+                "revision": int(self.revision), "committed_words": int(self._committed_words),
+                "passes": int(self.passes), "policy": self.policy.state()}
+
+    @property
+    def buffer_start_s(self) -> float:
+        """Seconds of stream audio before the buffer: settled, never read again."""
+        return self._buffer_start / self.rate
+
+    @classmethod
+    def restore(cls, model: "Whistle", state: dict, keywords=None, beams: int | None = None,
+                **options) -> "StreamSession":
+        """A stream that continues a `checkpoint()`: feed it the audio from the checkpoint's
+        `buffer_start_s` on. Raises ValueError for a state this model and step cannot continue."""
+        try:
+            if state.get("v") != 1 or int(state["rate"]) != model.dims.rate:
+                raise ValueError("a checkpoint of another version or sample rate")
+            step_s = int(state["step"]) / model.dims.rate
+            forced = state.get("language") or None
+            session = cls(model, language=None, keywords=keywords, step_s=step_s, beams=beams, **options)
+            session.language = model.check_language(forced) if forced else ""
+            session._buffer_start = session._received = int(state["buffer_start"])
+            session._next_pass = int(state["next_pass"])
+            session._speech_level = float(state["speech_level"])
+            session._pause_at = None if state.get("pause_at") is None else int(state["pause_at"])
+            session.revision = int(state["revision"])
+            session._committed_words = int(state["committed_words"])
+            session.passes = int(state.get("passes", 0))
+            session.policy.restore(state["policy"])
+            received = int(state["received"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a stream checkpoint: {e}") from e
+        if not session._buffer_start <= received < session._next_pass:
+            raise ValueError("a checkpoint whose buffer, received audio and next pass are out of order")
+        session._pending = list(session.policy._pending)
+        return session
+
     # ---- public API ------------------------------------------------------------------------
     def configure(self, keywords=None) -> None:
         """Keywords for the passes from now on (§7)."""
