@@ -23,6 +23,8 @@ VAD_FRAME = 480        # 30 ms at 16 kHz: one of webrtcvad's three frame sizes
 PREROLL_FRAMES = 10    # 300 ms kept before a speech onset so the first word's attack is not cut
 ONSET_FRAMES = 3       # speech frames among the last ONSET_WINDOW that start an utterance (90 ms)
 ONSET_WINDOW = 10      # ... so a single click is not speech
+PRIME_FRAMES = 100     # a resumed path runs the VAD over this much replayed audio (3 s) before its
+                       # position: webrtcvad adapts to the signal, and a fresh one decides differently
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Chunk:
     audio: np.ndarray  # float32, 16 kHz
     start: float       # session seconds of audio[0]
     first: bool        # first chunk of an utterance (or of the stream with VAD off)
+    refill: bool = False  # replayed audio an earlier session's engine stream held (resume)
 
 
 @dataclass
@@ -56,6 +59,25 @@ class AudioPath:
         self._recent: deque[bool] = deque(maxlen=ONSET_WINDOW)
         self.in_speech = self.vad is None
         self._silent_frames = 0
+        self._replay: _Replay | None = None   # after `restore`: where replayed samples go
+        self._preroll_part = np.zeros(0, np.float32)
+        self._prime_part = np.zeros(0, np.float32)
+
+    def _prime(self, piece: np.ndarray) -> None:
+        """Replayed audio before the restored position: through the VAD, its answers unused."""
+        pending = np.concatenate([self._prime_part, piece]) if len(self._prime_part) else piece
+        whole = len(pending) - len(pending) % VAD_FRAME
+        for i in range(0, whole, VAD_FRAME):
+            self.vad.is_speech((np.clip(pending[i:i + VAD_FRAME], -1.0, 1.0) * 32767).astype("<i2").tobytes(), RATE)
+        self._prime_part = pending[whole:]
+
+    def _preroll_bytes(self, piece: np.ndarray) -> None:
+        """Replayed preroll samples back into whole VAD frames."""
+        pending = np.concatenate([self._preroll_part, piece]) if len(self._preroll_part) else piece
+        whole = len(pending) - len(pending) % VAD_FRAME
+        for i in range(0, whole, VAD_FRAME):
+            self._preroll.append(pending[i:i + VAD_FRAME])
+        self._preroll_part = pending[whole:]
 
     def _resample(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
         if self._resampler is None:
@@ -63,6 +85,8 @@ class AudioPath:
         return np.asarray(self._resampler.resample_chunk(samples, last=last), dtype=np.float32)
 
     def _append(self, audio: np.ndarray, start: int, out: list) -> None:
+        if not len(audio):
+            return
         if not self._buffered:
             self._buffer_start = start
         self._buffer.append(audio)
@@ -107,6 +131,8 @@ class AudioPath:
         """Float32 audio at the session's rate -> [Chunk | EndOfSpeech]. `last`: flush the resampler."""
         audio = self._resample(np.asarray(samples, np.float32), last=last)
         out: list = []
+        if self._replay is not None:
+            audio = self._replay.take(audio, self, out)
         if self.vad is None:
             self._append(audio, self._position, out)
             self._position += len(audio)
@@ -131,6 +157,82 @@ class AudioPath:
         return out
 
 
+    # -- resume ------------------------------------------------------------------------------
+    def state(self) -> dict:
+        """Where the path stands (JSON-able, no audio): what it has framed, what it holds back."""
+        return {"vad": self.vad is not None, "position": self._position, "tail": len(self._frame_tail),
+                "in_speech": self.in_speech,
+                "silent": self._silent_frames, "recent": [bool(r) for r in self._recent], "first": self._first,
+                "preroll": sum(len(f) for f in self._preroll), "buffer_start": self._buffer_start,
+                "buffered": self._buffered}
+
+    @staticmethod
+    def replay_start(state: dict) -> int:
+        """The first session sample (16 kHz) a path restored from `state` needs again."""
+        held = [max(0, int(state["position"]) - PRIME_FRAMES * VAD_FRAME) if state.get("vad", True)
+                else int(state["position"])]
+        if state["preroll"]:
+            held.append(int(state["position"]) - int(state["preroll"]))
+        if state["buffered"]:
+            held.append(int(state["buffer_start"]))
+        return min(held)
+
+    def restore(self, state: dict, start: int, refill: list[tuple[int, int]]) -> None:
+        """Continue `state()`: replayed audio begins at session sample `start`; the samples in
+        `refill` ([a, b) session ranges) go out as Chunk(refill=True) for the engine stream, the
+        rest re-fills what the path held (preroll, a step in the making, the frame tail); from
+        the state's end on, the path runs as before."""
+        self._position = int(state["position"])
+        self.in_speech = bool(state["in_speech"])
+        self._silent_frames = int(state["silent"])
+        self._recent = deque((bool(r) for r in state["recent"]), maxlen=ONSET_WINDOW)
+        self._first = bool(state["first"])
+        self._buffer, self._buffered, self._buffer_start = [], 0, int(state["buffer_start"])
+        end = self._position + int(state["tail"])
+        held = [(a, b, "refill") for a, b in refill]
+        if state["preroll"]:
+            held.append((self._position - int(state["preroll"]), self._position, "preroll"))
+        if state["buffered"]:
+            held.append((int(state["buffer_start"]), int(state["buffer_start"]) + int(state["buffered"]), "buffer"))
+        if state["tail"]:
+            held.append((self._position, end, "tail"))
+        if self.vad is not None:
+            held.append((max(0, self._position - PRIME_FRAMES * VAD_FRAME), self._position, "prime"))
+        self._replay = _Replay(int(start), end, sorted(held))
+
+
+class _Replay:
+    """Routes replayed samples [start, end) to where the earlier session had them."""
+
+    def __init__(self, start: int, end: int, held: list[tuple[int, int, str]]):
+        self.at, self.end, self.held = start, end, held
+
+    def take(self, audio: np.ndarray, path: AudioPath, out: list) -> np.ndarray:
+        """Consume the replayed part of `audio`; returns what comes after the replay."""
+        n = min(len(audio), self.end - self.at)
+        lo, hi = self.at, self.at + n
+        for a, b, kind in self.held:
+            a2, b2 = max(a, lo), min(b, hi)
+            if a2 >= b2:
+                continue
+            piece = audio[a2 - lo:b2 - lo]
+            if kind == "refill":
+                out.append(Chunk(piece, a2 / RATE, False, refill=True))
+            elif kind == "preroll":
+                path._preroll_bytes(piece)
+            elif kind == "buffer":
+                path._buffer.append(piece)
+                path._buffered += len(piece)
+            elif kind == "prime":
+                path._prime(piece)
+            else:
+                path._frame_tail = np.concatenate([path._frame_tail, piece])
+        self.at = hi
+        if self.at >= self.end:
+            path._replay = None
+        return audio[n:]
+
+
 class TimeMap:
     """Engine seconds -> session seconds, for an engine that only saw the speech chunks."""
 
@@ -147,6 +249,29 @@ class TimeMap:
             self._session.append(chunk.start)
         self._engine_end += seconds
         self._session_end = chunk.start + seconds
+
+    def state(self, since: float = 0.0) -> dict:
+        """The segments that map engine seconds from `since` on (JSON-able)."""
+        i = max(0, bisect.bisect_right(self._engine, since) - 1)
+        return {"engine": self._engine[i:], "session": self._session[i:], "engine_end": self._engine_end,
+                "session_end": self._session_end}
+
+    def restore(self, state: dict) -> None:
+        self._engine = [float(x) for x in state["engine"]]
+        self._session = [float(x) for x in state["session"]]
+        self._engine_end = float(state["engine_end"])
+        self._session_end = None if state["session_end"] is None else float(state["session_end"])
+
+    def session_ranges(self, start: float, end: float) -> list[tuple[int, int]]:
+        """The session sample ranges [a, b) (16 kHz) holding engine seconds [start, end)."""
+        out = []
+        bounds = self._engine + [self._engine_end]
+        for i, e0 in enumerate(self._engine):
+            a, b = max(e0, start), min(bounds[i + 1], end)
+            if a < b:
+                s0 = self._session[i] + (a - e0)
+                out.append((int(round(s0 * RATE)), int(round(s0 * RATE)) + int(round((b - a) * RATE))))
+        return out
 
     def __call__(self, t: float) -> float:
         i = bisect.bisect_right(self._engine, t) - 1

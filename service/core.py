@@ -20,6 +20,7 @@ transport (`service.server`, `whistle-listen --local`).
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import time
 from collections import deque
@@ -30,7 +31,8 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from . import protocol as P
-from .audio import AudioPath, Chunk, EndOfSpeech, TimeMap
+from . import resume as R
+from .audio import RATE, AudioPath, Chunk, EndOfSpeech, TimeMap
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,6 +49,7 @@ class EngineStream(Protocol):
     passes: int
 
     def feed(self, audio: np.ndarray) -> dict: ...
+    def checkpoint(self) -> dict: ...   # JSON-able; "buffer_start" and "received": stream samples at 16 kHz
     def finalize(self) -> dict: ...
     def finish(self) -> dict: ...
     def configure(self, keywords=None) -> None: ...
@@ -59,6 +62,7 @@ class Engine(Protocol):
     dims: EngineDims
 
     def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0) -> EngineStream: ...
+    def restore_stream(self, state: dict, keywords=None) -> EngineStream: ...
     def is_speech(self, pcm: np.ndarray) -> bool: ...
     def warmup(self) -> float: ...
 
@@ -125,7 +129,14 @@ class FinishNow:
     reason: str
 
 
-Work = Feed | SpeechEnded | FinalizeNow | Reconfigure | FinishNow
+@dataclass(frozen=True)
+class Mark:
+    """The audio path's state after the frame whose work comes before it: once that work has run,
+    engine and path agree, and the resume tokens of the messages it made are sealed here."""
+    path: dict
+
+
+Work = Feed | SpeechEnded | FinalizeNow | Reconfigure | FinishNow | Mark
 
 
 @dataclass(frozen=True)
@@ -177,7 +188,8 @@ class SessionCore:
 
     def __init__(self, engine: Engine, config: P.SessionConfig, limits: SessionLimits = SessionLimits(),
                  *, session_id: str = "local", observer: Observer | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, resume_secret: bytes | None = None,
+                 resume_ttl: float = R.DEFAULT_TTL_S, wall_clock: Callable[[], float] = time.time):
         self.engine, self.config, self.limits = engine, config, limits
         self.session = P.Session(session_id, config, engine.name, engine.dims.languages)
         self.observer = observer or _NoObserver()
@@ -192,12 +204,18 @@ class SessionCore:
         self._utterance_fed = False    # audio of the current utterance reached the engine
         self._passes_seen = 0
         self._arrivals: deque = deque()  # (session seconds received so far, clock time)
+        self.resume_secret, self.resume_ttl, self.wall_clock = resume_secret, resume_ttl, wall_clock
+        self.resumed = False
+        self.replay_from = 0.0      # where the client's replay starts (a resumed session)
 
     # -- plain calls -------------------------------------------------------------------------
     def open(self) -> list[P.ServerMessage]:
         """Open the engine stream; returns [Ready]. Raises ProtocolError(bad_request) when the
         engine refuses the language or a keyword."""
         c = self.config
+        if c.resume is not None:
+            self._resume(c.resume)
+            return [self.session.ready(resumed=True, replay_from=self.replay_from)]
         try:
             self.stream = self.engine.open_stream(language=c.language, keywords=list(c.keywords) or None,
                                                   step_s=self.limits.step_s)
@@ -205,6 +223,72 @@ class SessionCore:
             raise P.ProtocolError(P.ErrorCode.BAD_REQUEST, str(e)[:300]) from e
         self._passes_seen = self.stream.passes
         return [self.session.ready()]
+
+    # -- resume ------------------------------------------------------------------------------
+    def _token_state(self, path: dict) -> dict:
+        """Everything a fresh core needs to continue this session (no audio), with the audio
+        path as `path` (the state that matches the engine's)."""
+        c, engine = self.config, self.stream.checkpoint()
+        buffer_s, received_s = engine["buffer_start"] / RATE, engine["received"] / RATE
+        refill = self.time_map.session_ranges(buffer_s, received_s)
+        start = min([a for a, _ in refill] + [AudioPath.replay_start(path)])
+        return {"sid": self.session.session_id,
+                "cfg": [c.sample_rate, c.encoding, c.language, list(self.session.keywords), c.vad],
+                "seq": self.session.seq, "lang": self.session.language, "step": self.limits.step_s,
+                "from": start, "fed": self._utterance_fed, "engine": engine, "path": path,
+                "time": self.time_map.state(buffer_s), "refill": refill}
+
+    def token(self, path: dict | None = None) -> tuple[str | None, float | None]:
+        """(resume token, replay_from seconds) for the session as it stands, or (None, None)
+        without a secret. A state too large for a token drops the last pass's hypothesis (the
+        resumed stream then waits one pass longer to agree)."""
+        if self.resume_secret is None or self.stream is None or not hasattr(self.stream, "checkpoint"):
+            return None, None
+        state = self._token_state(path if path is not None else self.path.state())
+        token = R.seal(state, self.resume_secret, self.wall_clock(), self.resume_ttl)
+        if token is None and "policy" in state["engine"]:
+            state["engine"]["policy"]["previous"] = []
+            token = R.seal(state, self.resume_secret, self.wall_clock(), self.resume_ttl)
+        return token, state["from"] / RATE
+
+    def _resume(self, token: str) -> None:
+        if self.resume_secret is None:
+            raise P.ProtocolError(P.ErrorCode.BAD_RESUME, "this server does not resume sessions")
+        state = R.unseal(token, self.resume_secret, self.wall_clock())
+        try:
+            rate, encoding, language, keywords, vad = state["cfg"]
+            given = self.config.given
+            mine = {"sample_rate": rate, "encoding": encoding, "language": language, "vad": vad}
+            for name, value in mine.items():
+                if name in given and getattr(self.config, name) != value:
+                    raise P.ProtocolError(P.ErrorCode.BAD_RESUME, f"resume token refused: {name} "
+                                          f"{getattr(self.config, name)!r} differs from the session's {value!r}")
+            if "keyword" in given and tuple(self.config.keywords) != tuple(keywords):
+                raise P.ProtocolError(P.ErrorCode.BAD_RESUME, "resume token refused: keyword differs from the "
+                                      "session's")
+            if float(state["step"]) != self.limits.step_s:
+                raise P.ProtocolError(P.ErrorCode.BAD_RESUME, f"resume token refused: the session ran "
+                                      f"{state['step']:g} s steps, this server {self.limits.step_s:g} s")
+            self.config = P.SessionConfig(sample_rate=int(rate), encoding=str(encoding), language=language,
+                                          keywords=tuple(keywords), vad=bool(vad))
+            self.path = AudioPath(self.config.sample_rate, step_s=self.limits.step_s, vad=self.config.vad,
+                                  aggressiveness=self.limits.vad_aggressiveness,
+                                  end_of_speech_ms=self.limits.end_of_speech_ms)
+            self.session = P.Session(str(state["sid"]), self.config, self.engine.name, self.engine.dims.languages)
+            start = int(state["from"])
+            self.replay_from = start / RATE
+            self.session.resume(int(state["seq"]), self.replay_from, str(state["lang"]), tuple(keywords))
+            self.stream = self.engine.restore_stream(state["engine"], keywords=list(keywords) or None)
+            self.time_map.restore(state["time"])
+            self.path.restore(state["path"], start, [tuple(r) for r in state["refill"]])
+            self._utterance_fed = bool(state["fed"])
+        except P.ProtocolError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise P.ProtocolError(P.ErrorCode.BAD_RESUME, f"resume token refused: its state does not fit "
+                                  f"this server ({e})") from e
+        self._passes_seen = self.stream.passes
+        self.resumed = True
 
     def audio(self, data: bytes) -> list[P.ServerMessage]:
         """A binary frame -> the messages it produced. Raises ProtocolError."""
@@ -223,13 +307,13 @@ class SessionCore:
         """A client frame -> work for the engine. Raises ProtocolError (bad audio, a bad or
         rate-limited control message, the audio limit, a message out of order)."""
         if isinstance(frame, (bytes, bytearray, memoryview)):
-            return Received(self._receive_audio(bytes(frame)))
+            return Received(self._marked(self._receive_audio(bytes(frame))))
         if not self.bucket.take():
             raise P.ProtocolError(P.ErrorCode.RATE_LIMITED, f"more than {self.limits.control_rate:g} "
                                   "control messages per second")
         message = self.session.check(P.decode_text(frame))
         if isinstance(message, P.Finalize):
-            return Received((*self._events(self.path.flush()), FinalizeNow()))
+            return Received(self._marked((*self._events(self.path.flush()), FinalizeNow())))
         if isinstance(message, P.Configure):
             return Received((Reconfigure(message.keywords),))
         return Received(close=isinstance(message, P.Close))
@@ -238,7 +322,10 @@ class SessionCore:
         """The session ends (the client closed, a limit, a timeout, shutdown): the work that
         commits what is left and answers `final`."""
         self.session.closing()
-        return (*self._events(self.path.flush(last=True)), FinishNow(reason))
+        return self._marked((*self._events(self.path.flush(last=True)), FinishNow(reason)))
+
+    def _marked(self, work: tuple[Work, ...]) -> tuple[Work, ...]:
+        return (*work, Mark(self.path.state())) if work and self.resume_secret is not None else work
 
     def _receive_audio(self, data: bytes) -> tuple[Work, ...]:
         samples = P.decode_audio(data, self.config.encoding)
@@ -272,6 +359,7 @@ class SessionCore:
         failed: a transport then ends the session with `internal`."""
         out: list[P.ServerMessage] = []
         pending: list[Chunk] = []
+        sealed = 0   # out[:sealed] carry their tokens
         try:
             for item in work:
                 if isinstance(item, Feed):
@@ -280,6 +368,10 @@ class SessionCore:
                 if pending:
                     out += self._feed(pending)
                     pending = []
+                if isinstance(item, Mark):
+                    out[sealed:] = self._seal(out[sealed:], item.path)
+                    sealed = len(out)
+                    continue
                 out += self._run(item)
             if pending:
                 out += self._feed(pending)
@@ -287,6 +379,16 @@ class SessionCore:
             self.failed = True
             raise
         return out
+
+    def _seal(self, messages: list[P.ServerMessage], path: dict) -> list[P.ServerMessage]:
+        """Attach the resume token of the session as it stands now to its committed and final."""
+        if not any(isinstance(m, (P.Committed, P.Final)) for m in messages):
+            return messages
+        token, replay_from = self.token(path)
+        if token is None:
+            return messages
+        return [dataclasses.replace(m, resume=token, replay_from=round(replay_from, 6))
+                if isinstance(m, (P.Committed, P.Final)) else m for m in messages]
 
     def _run(self, item: Work) -> list[P.ServerMessage]:
         if isinstance(item, SpeechEnded):
@@ -307,6 +409,12 @@ class SessionCore:
         raise TypeError(f"not a work item: {item!r}")
 
     def _feed(self, chunks: list[Chunk]) -> list[P.ServerMessage]:
+        refill = [c for c in chunks if c.refill]
+        if refill:
+            self._refill(refill)
+            chunks = [c for c in chunks if not c.refill]
+            if not chunks:
+                return []
         if not self._utterance_fed and self.config.vad:
             # §8: the engine's gate judges an utterance's first audio; later chunks of an
             # utterance that has begun always reach the engine (a quiet word inside a sentence).
@@ -319,6 +427,10 @@ class SessionCore:
         self._utterance_fed = True
         audio = chunks[0].audio if len(chunks) == 1 else np.concatenate([c.audio for c in chunks])
         return self._publish(self.stream.feed(audio))
+
+    def _refill(self, chunks: list[Chunk]) -> None:
+        """Replayed audio the resumed engine stream held: back into its buffer (no pass runs)."""
+        self.stream.feed(np.concatenate([c.audio for c in chunks]))
 
     def _publish(self, d: dict, *, end_of_speech: bool = False, final: str | None = None) -> list[P.ServerMessage]:
         passes = self.stream.passes - self._passes_seen

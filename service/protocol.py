@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2   # 2: resume tokens (`resume`, `replay_from`, `ready.resumed`)
 
 MIN_SAMPLE_RATE = 8000
 MAX_SAMPLE_RATE = 48000
@@ -49,6 +49,7 @@ class ErrorCode(str, Enum):
     IDLE_TIMEOUT = "idle_timeout"
     SLOW_CLIENT = "slow_client"                  # the client does not read what the server sends
     SHUTTING_DOWN = "shutting_down"
+    BAD_RESUME = "bad_resume"                    # a resume token tampered with, expired, malformed or mismatched
     INTERNAL = "internal"
 
 
@@ -61,6 +62,7 @@ class CloseCode:
     TOO_BIG = 1009       # a binary frame over the server's max frame size (sent by websockets itself)
     INTERNAL = 1011      # the engine failed
     TRY_AGAIN = 1013     # server full
+    BAD_RESUME = 4400    # a resume token the server cannot take
     UNAUTHORIZED = 4401  # missing or wrong token
 
 
@@ -77,6 +79,7 @@ FATAL_ERRORS = {
     ErrorCode.SLOW_CLIENT: CloseCode.POLICY,
     ErrorCode.SHUTTING_DOWN: CloseCode.GOING_AWAY,
     ErrorCode.INTERNAL: CloseCode.INTERNAL,
+    ErrorCode.BAD_RESUME: CloseCode.BAD_RESUME,
 }
 
 
@@ -152,6 +155,9 @@ class Ready:
     vad: bool
     keywords: tuple[str, ...] = ()
     protocol: int = PROTOCOL_VERSION
+    resumed: bool = False         # this session continues an earlier one (`?resume=`)
+    seq: int = 0                  # the last `committed.seq` already delivered
+    replay_from: float = 0.0      # send the session's audio from here (seconds) on
     type: str = field(default="ready", init=False)
 
 
@@ -169,6 +175,8 @@ class Committed:
     text: str
     words: tuple[Word, ...]
     end_of_speech: bool = False
+    resume: str | None = None         # the token to resume the session after this message
+    replay_from: float | None = None  # audio before this (seconds) is settled
     type: str = field(default="committed", init=False)
 
 
@@ -181,6 +189,8 @@ class Final:
     passes: int
     mean_pass_ms: float
     reason: str               # "finalize" | "close" | "shutdown" | "session_limit" | "idle_timeout" | ...
+    resume: str | None = None
+    replay_from: float | None = None
     type: str = field(default="final", init=False)
 
 
@@ -197,10 +207,11 @@ _SERVER_TYPES = {"ready": Ready, "partial": Partial, "committed": Committed, "fi
                  "error": Error}
 _WIRE_ORDER = {
     Ready: ("session_id", "model", "languages", "language", "sample_rate", "encoding", "vad",
-            "keywords", "protocol"),
+            "keywords", "protocol", "resumed", "seq", "replay_from"),
     Partial: ("pending", "language", "revision"),
-    Committed: ("seq", "text", "words", "end_of_speech"),
-    Final: ("seq", "text", "language", "audio_seconds", "passes", "mean_pass_ms", "reason"),
+    Committed: ("seq", "text", "words", "end_of_speech", "resume", "replay_from"),
+    Final: ("seq", "text", "language", "audio_seconds", "passes", "mean_pass_ms", "reason", "resume",
+            "replay_from"),
     Error: ("code", "message"),
 }
 
@@ -256,9 +267,12 @@ class SessionConfig:
     keywords: tuple[str, ...] = ()
     token: str | None = None
     vad: bool = True
+    resume: str | None = None         # a resume token: the session it names continues
+    given: frozenset = frozenset()    # the parameters the query named (a resume checks them)
 
 
-_QUERY_PARAMETERS = ("sample_rate", "encoding", "language", "keyword", "token", "vad")
+MAX_RESUME_CHARS = 4096
+_QUERY_PARAMETERS = ("sample_rate", "encoding", "language", "keyword", "token", "vad", "resume")
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -339,8 +353,13 @@ def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:
         vad = raw in _TRUE
 
     keywords = check_keywords(seen.get("keyword", []), "keyword")
+    resume = one.get("resume") or None
+    if resume is not None and len(resume) > MAX_RESUME_CHARS:
+        raise ProtocolError(ErrorCode.BAD_RESUME, f"resume token of {len(resume)} characters; tokens are "
+                            f"at most {MAX_RESUME_CHARS}")
     return SessionConfig(sample_rate=sample_rate, encoding=encoding, language=language,
-                         keywords=keywords, token=one.get("token") or None, vad=vad)
+                         keywords=keywords, token=one.get("token") or None, vad=vad, resume=resume,
+                         given=frozenset(seen) - {"token", "resume"})
 
 
 def decode_audio(data: bytes, encoding: str) -> np.ndarray:
@@ -436,14 +455,24 @@ class Session:
         self.pass_ms = 0.0
         self.keywords = config.keywords
 
-    def ready(self) -> Ready:
+    def ready(self, resumed: bool = False, replay_from: float = 0.0) -> Ready:
+        """The first message. A resumed session (`resume`: its seq and counted audio restored
+        first) says so, with the last seq delivered and where the client's replay starts."""
         if self.state is not SessionState.NEW:
             raise RuntimeError("ready() twice")
         self.state = SessionState.OPEN
         c = self.config
         return Ready(session_id=self.session_id, model=self.model, languages=self.languages,
                      language=c.language, sample_rate=c.sample_rate, encoding=c.encoding, vad=c.vad,
-                     keywords=self.keywords)
+                     keywords=self.keywords, resumed=resumed, seq=self.seq, replay_from=replay_from)
+
+    def resume(self, seq: int, audio_seconds: float, language: str, keywords: tuple[str, ...]) -> None:
+        """Continue an earlier session before `ready`: its last seq, the audio it counted up to the
+        replay point (replayed audio counts again, so the audio limit holds), its language and
+        keywords."""
+        if self.state is not SessionState.NEW:
+            raise RuntimeError("resume() after ready()")
+        self.seq, self.audio_seconds, self.language, self.keywords = seq, audio_seconds, language, keywords
 
     def check(self, message: ClientMessage) -> ClientMessage:
         """Apply the ordering rules to a client message; returns it, or raises ProtocolError."""

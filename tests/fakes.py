@@ -98,6 +98,13 @@ class FakeStream:
     def configure(self, keywords=None, **_):
         self.keywords = list(keywords or [])
 
+    # The engine stream's checkpoint surface: the fake keeps no audio, so its buffer starts where
+    # its last pass ended and nothing needs replaying but what came after.
+    def checkpoint(self) -> dict:
+        return {"fake": 1, "language": self.language, "step": self.step, "buffer_start": self.passed,
+                "received": self.received, "committed": self.committed, "revision": self.revision,
+                "passes": self.passes}
+
 
 class FakeWhistle:
     """`Whistle`'s streaming surface. `pass_s` sleeps per pass (simulated CPU, GIL released)."""
@@ -121,6 +128,14 @@ class FakeWhistle:
 
     def warmup(self) -> float:
         return 0.0
+
+    def restore_stream(self, state: dict, keywords=None) -> FakeStream:
+        if state.get("fake") != 1:
+            raise ValueError("not a fake stream checkpoint")
+        s = self.open_stream(state["language"], keywords, state["step"] / self.dims.rate)
+        s.received = s.passed = state["buffer_start"]
+        s.committed, s.revision, s.passes = state["committed"], state["revision"], state["passes"]
+        return s
 
     def open_stream(self, language=None, keywords=None, step_s: float = 1.0) -> FakeStream:
         s = FakeStream(self, language, keywords, step_s)

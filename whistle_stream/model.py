@@ -312,6 +312,13 @@ class Whistle:
 
         return StreamSession(self, language=language, keywords=keywords, step_s=step_s)
 
+    def restore_stream(self, state: dict, keywords=None):
+        """A live stream that continues another's `checkpoint()` (feed it the audio from the
+        checkpoint's `buffer_start_s` on). Raises ValueError for a state it cannot continue."""
+        from .streaming import StreamSession
+
+        return StreamSession.restore(self, state, keywords=keywords)
+
     def stream(self, chunks, language: str | None = None, keywords=None, step_s: float = 1.0):
         """Generator: one dict per chunk of audio, then the final dict (like needle.Whistle.stream)."""
         from .streaming import stream
