@@ -40,6 +40,8 @@ class ServiceConfig:
     max_upload_bytes: int = 25 << 20         # POST /v1/audio/transcriptions: largest file (OpenAI's limit)
     max_upload_seconds: float = 3600.0       # ... and most audio seconds in it
     request_timeout: float = 60.0            # seconds for a POST request's bytes to arrive
+    resume_secret: str | None = None         # shared by replicas; None: a random one per process
+    resume_ttl: float = 600.0                # seconds a resume token stays valid
     log_level: str = "info"
 
     def __post_init__(self):
@@ -56,6 +58,9 @@ class ServiceConfig:
             (MIN_STEP_S <= self.step_s <= MAX_STEP_S, f"step_s must be {MIN_STEP_S:g}..{MAX_STEP_S:g} seconds"),
             (self.send_queue >= 1 and self.send_timeout > 0, "send_queue/send_timeout must be positive"),
             (self.drain_timeout >= 0, "drain_timeout must be non-negative"),
+            (self.resume_ttl > 0, "resume_ttl must be positive"),
+            (self.resume_secret is None or len(self.resume_secret) >= 16,
+             "resume_secret must be at least 16 characters"),
             (self.max_upload_bytes >= 1024 and self.max_upload_seconds > 0 and self.request_timeout > 0,
              "max_upload_bytes must be at least 1024, max_upload_seconds and request_timeout positive"),
         ]
@@ -86,6 +91,8 @@ _HELP = {
     "max_upload_bytes": "largest file POST /v1/audio/transcriptions accepts, bytes",
     "max_upload_seconds": "most audio seconds in one uploaded file",
     "request_timeout": "seconds a POST request may take to arrive",
+    "resume_secret": "secret that signs resume tokens; give every replica the same (default: random, this process only)",
+    "resume_ttl": "seconds a resume token stays valid",
     "log_level": "debug, info, warning or error",
 }
 

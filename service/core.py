@@ -73,6 +73,7 @@ class Observer(Protocol):
     def audio(self, seconds: float) -> None: ...
     def passes(self, count: int, seconds_each: float) -> None: ...
     def commit_latency(self, seconds: float) -> None: ...
+    def replayed(self, seconds: float) -> None: ...
 
 
 class _NoObserver:
@@ -83,6 +84,9 @@ class _NoObserver:
         pass
 
     def commit_latency(self, seconds: float) -> None:
+        pass
+
+    def replayed(self, seconds: float) -> None:
         pass
 
 
@@ -207,6 +211,7 @@ class SessionCore:
         self.resume_secret, self.resume_ttl, self.wall_clock = resume_secret, resume_ttl, wall_clock
         self.resumed = False
         self.replay_from = 0.0      # where the client's replay starts (a resumed session)
+        self._replay_until = 0.0    # ... and where the audio the earlier session had ends
 
     # -- plain calls -------------------------------------------------------------------------
     def open(self) -> list[P.ServerMessage]:
@@ -281,6 +286,7 @@ class SessionCore:
             self.stream = self.engine.restore_stream(state["engine"], keywords=list(keywords) or None)
             self.time_map.restore(state["time"])
             self.path.restore(state["path"], start, [tuple(r) for r in state["refill"]])
+            self._replay_until = (int(state["path"]["position"]) + int(state["path"]["tail"])) / RATE
             self._utterance_fed = bool(state["fed"])
         except P.ProtocolError:
             raise
@@ -329,8 +335,11 @@ class SessionCore:
 
     def _receive_audio(self, data: bytes) -> tuple[Work, ...]:
         samples = P.decode_audio(data, self.config.encoding)
+        before = self.session.audio_seconds
         self.session.check(P.Audio(data))
         seconds = self.session.audio_seconds
+        if before < self._replay_until:
+            self.observer.replayed(min(seconds, self._replay_until) - before)
         self.observer.audio(len(samples) / self.config.sample_rate)
         self._arrivals.append((seconds, self.clock()))
         limit = self.limits.max_session_seconds

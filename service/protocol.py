@@ -268,7 +268,7 @@ class SessionConfig:
     token: str | None = None
     vad: bool = True
     resume: str | None = None         # a resume token: the session it names continues
-    given: frozenset = frozenset()    # the parameters the query named (a resume checks them)
+    given: frozenset = field(default=frozenset(), compare=False)   # parameters the query named (a resume checks them)
 
 
 MAX_RESUME_CHARS = 4096

@@ -40,6 +40,7 @@ from .config import ServiceConfig, add_serve_arguments, config_from_args
 from . import deepgram, openai_api
 from .core import Feed, FinishNow, SessionCore, SessionLimits, Work, check_token
 from .http import Reply, Request as HttpRequest, diverting
+from .resume import random_secret
 
 log = logging.getLogger("whistle.service")
 LISTEN_PATH = "/v1/listen"
@@ -82,6 +83,10 @@ class Metrics:
             buckets=(0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0))
         self.rejects = Counter("whistle_rejects", "Refused requests and errors sent, by reason",
                                ["reason"], registry=r)
+        self.resumes = Counter("whistle_resumes", "Sessions resumed from a token, by outcome",
+                               ["outcome"], registry=r)
+        self.replayed = Counter("whistle_replayed_audio_seconds", "Audio replayed by resuming clients, seconds",
+                                registry=r)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
@@ -109,6 +114,8 @@ class App:
     def __init__(self, model=None, config: ServiceConfig | None = None, web_root: Path | None = None):
         self.config = config or ServiceConfig()
         self.limits = limits_of(self.config)
+        self.resume_shared = self.config.resume_secret is not None
+        self.resume_secret = (self.config.resume_secret.encode() if self.resume_shared else random_secret())
         self.model = model
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="engine")
@@ -165,6 +172,9 @@ class App:
             server_header="whistle-stream", logger=logging.getLogger("whistle.websockets"))
         self.port = self.server.sockets[0].getsockname()[1]
         log_event("listening", host=c.host, port=self.port, max_sessions=c.max_sessions)
+        if not self.resume_shared:
+            log_event("resume_secret", level=logging.WARNING, detail="no --resume-secret: resume tokens are "
+                      "signed with a random secret and resume sessions on this process only")
         if warm:
             await self.warm()
         return self
@@ -398,6 +408,9 @@ class MetricsObserver:
     def commit_latency(self, seconds: float) -> None:
         self.m.commit_latency.observe(seconds)
 
+    def replayed(self, seconds: float) -> None:
+        self.m.replayed.inc(seconds)
+
 
 class SessionRunner:
     """One WebSocket session's transport around its `SessionCore`, on the event loop.
@@ -412,7 +425,8 @@ class SessionRunner:
         self.app, self.conn, self.config = app, conn, config
         self.id = uuid.uuid4().hex[:12]
         self.core = SessionCore(app.model, config, limits or app.limits, session_id=self.id,
-                                observer=MetricsObserver(app.metrics))
+                                observer=MetricsObserver(app.metrics), resume_secret=app.resume_secret,
+                                resume_ttl=app.config.resume_ttl)
         self.dialect = dialect   # None: our own protocol; else it translates frames both ways
         self.task = asyncio.current_task()
         c = app.config
@@ -468,15 +482,22 @@ class SessionRunner:
     # -- tasks -------------------------------------------------------------------------------
     async def run(self) -> None:
         c = self.config
+        resuming = c.resume is not None
         try:
             ready = await self.app.engine(self.core.open)
-        except P.ProtocolError as e:     # the engine refused the language or a keyword
+        except P.ProtocolError as e:     # a bad resume token, or the engine refused the language or a keyword
+            if resuming:
+                self.app.metrics.resumes.labels("refused").inc()
             await self.app.refuse(self.conn, e.code, e.message)
             return
         except Exception:
             self._log("open_failed", logging.ERROR, exc_info=True)
             await self.app.refuse(self.conn, P.ErrorCode.INTERNAL, "the engine could not open a stream")
             return
+        if resuming:
+            self.app.metrics.resumes.labels("resumed").inc()
+            self.id = self.core.session.session_id
+            self._log("session_resumed", seq=ready[0].seq, replay_from=ready[0].replay_from)
         self._log("session_open", sample_rate=c.sample_rate, encoding=c.encoding, vad=c.vad,
                   language=c.language, keywords=len(c.keywords))
         sender = asyncio.create_task(self._send_loop())

@@ -19,7 +19,12 @@ GOLDEN = [
              sample_rate=48000, encoding="pcm_s16le", vad=True, keywords=("Kaliko",)),
      '{"type":"ready","session_id":"abc","model":"whistle-demo","languages":["en","de"],'
      '"language":null,"sample_rate":48000,"encoding":"pcm_s16le","vad":true,"keywords":["Kaliko"],'
-     '"protocol":1}'),
+     '"protocol":2,"resumed":false,"seq":0,"replay_from":0.0}'),
+    (P.Ready(session_id="abc", model="whistle-demo", languages=("en",), language="en", sample_rate=16000,
+             encoding="pcm_s16le", vad=True, resumed=True, seq=7, replay_from=12.34),
+     '{"type":"ready","session_id":"abc","model":"whistle-demo","languages":["en"],"language":"en",'
+     '"sample_rate":16000,"encoding":"pcm_s16le","vad":true,"keywords":[],"protocol":2,"resumed":true,'
+     '"seq":7,"replay_from":12.34}'),
     (P.Partial(pending=" the cat", language="en", revision=3),
      '{"type":"partial","pending":" the cat","language":"en","revision":3}'),
     (P.Committed(seq=2, text=" Hello world", words=(P.Word(" Hello", 0.24, 0.56, 0.91234),
@@ -27,16 +32,20 @@ GOLDEN = [
                  end_of_speech=True),
      '{"type":"committed","seq":2,"text":" Hello world","words":['
      '{"word":" Hello","start":0.24,"end":0.56,"probability":0.9123},'
-     '{"word":" world","start":0.56,"end":1.04,"probability":0.8}],"end_of_speech":true}'),
+     '{"word":" world","start":0.56,"end":1.04,"probability":0.8}],"end_of_speech":true,"resume":null,'
+     '"replay_from":null}'),
+    (P.Committed(seq=3, text=" Hi.", words=(P.Word("Hi.", 1.2, 1.5, 0.9),), resume="eJx.abc", replay_from=1.1),
+     '{"type":"committed","seq":3,"text":" Hi.","words":[{"word":"Hi.","start":1.2,"end":1.5,"probability":0.9}],'
+     '"end_of_speech":false,"resume":"eJx.abc","replay_from":1.1}'),
     (P.Final(seq=2, text=" Hello world", language="en", audio_seconds=3.2, passes=3,
              mean_pass_ms=41.26666, reason="close"),
      '{"type":"final","seq":2,"text":" Hello world","language":"en","audio_seconds":3.2,'
-     '"passes":3,"mean_pass_ms":41.267,"reason":"close"}'),
+     '"passes":3,"mean_pass_ms":41.267,"reason":"close","resume":null,"replay_from":null}'),
     (P.Error(E.BAD_AUDIO, "3 bytes is not a whole number of pcm_s16le samples (2 bytes each)"),
      '{"type":"error","code":"bad_audio","message":"3 bytes is not a whole number of pcm_s16le '
      'samples (2 bytes each)"}'),
     (P.Committed(seq=1, text="", words=(), end_of_speech=True),
-     '{"type":"committed","seq":1,"text":"","words":[],"end_of_speech":true}'),
+     '{"type":"committed","seq":1,"text":"","words":[],"end_of_speech":true,"resume":null,"replay_from":null}'),
     (P.Partial(pending="grüß dich", language="de", revision=1),
      '{"type":"partial","pending":"grüß dich","language":"de","revision":1}'),
 ]

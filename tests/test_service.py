@@ -1,6 +1,8 @@
 """End to end: the real server (in this process, on 127.0.0.1, a free port) around the fake engine."""
 
 import asyncio
+import time
+import dataclasses
 import logging
 import json
 import re
@@ -87,18 +89,23 @@ async def test_golden_message_sequence_for_a_short_clip(app):
     expected = [
         f'{{"type":"ready","session_id":"{sid}","model":"fake-whistle","languages":["en","de","fr",'
         '"es","it","nl","pl"],"language":null,"sample_rate":16000,"encoding":"pcm_s16le","vad":false,'
-        '"keywords":[],"protocol":1}',
+        '"keywords":[],"protocol":2,"resumed":false,"seq":0,"replay_from":0.0}',
         '{"type":"partial","pending":" alpha bravo","language":"en","revision":1}',
         f'{{"type":"committed","seq":1,"text":" alpha bravo","words":[{w("alpha", 0.0)},{w("bravo", 0.5)}],'
-        '"end_of_speech":false}',
+        '"end_of_speech":false,"resume":"T","replay_from":2.0}',
         '{"type":"partial","pending":" charlie delta","language":"en","revision":2}',
         f'{{"type":"committed","seq":2,"text":" charlie delta echo","words":[{w("charlie", 1.0)},'
-        f'{w("delta", 1.5)},{w("echo", 2.0)}],"end_of_speech":false}}',
+        f'{w("delta", 1.5)},{w("echo", 2.0)}],"end_of_speech":false,"resume":"T","replay_from":2.5}}',
         '{"type":"partial","pending":"","language":"en","revision":3}',
         '{"type":"final","seq":2,"text":" alpha bravo charlie delta echo","language":"en",'
-        '"audio_seconds":2.5,"passes":3,"mean_pass_ms":1.0,"reason":"close"}',
+        '"audio_seconds":2.5,"passes":3,"mean_pass_ms":1.0,"reason":"close","resume":"T","replay_from":2.5}',
     ]
-    assert [P.encode(m) for m in c.messages] == expected
+    tokens = [m.resume for m in c.messages if isinstance(m, (P.Committed, P.Final))]
+    from whistle_stream.service.resume import unseal
+    assert [unseal(t, app.resume_secret, time.time())["seq"] for t in tokens] == [1, 2, 2]
+    # the tokens are signed with the server's random secret: shown here as "T"
+    assert [P.encode(dataclasses.replace(m, resume="T") if isinstance(m, (P.Committed, P.Final)) else m)
+            for m in c.messages] == expected
     assert c.ws.close_code == P.CloseCode.NORMAL
 
 
