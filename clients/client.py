@@ -7,11 +7,21 @@
 
 Messages arrive as typed `service.protocol` dataclasses through `async for m in client` (or are
 collected in `client.messages` when `close()`/`finalize()` wait for their `final`).
+
+Sessions resume by default (`resume=True`): the client keeps the audio after the latest
+`replay_from` (`ReplayBuffer`, at most `REPLAY_LIMIT_S` seconds), and when the connection drops
+(network errors, or close codes 1001, 1006, 1011, 1012, 1013) it reconnects with backoff using
+the latest resume token, replays that audio, and carries on: the caller sees one stream of
+`committed` messages whose seq runs on without gaps or repeats. If the server stops settling
+audio (replay_from stays behind for longer than the limit), the oldest audio is dropped; a resume
+that then needs it is impossible, and the client continues in a new session from the audio it
+still has (words in the dropped stretch are lost; seq and word times still run on).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from urllib.parse import urlencode, urlsplit
@@ -44,6 +54,50 @@ class SessionEnded(ClientError):
 
 
 RETRYABLE_CLOSE = {P.CloseCode.GOING_AWAY, P.CloseCode.TRY_AGAIN, 1006}
+RESUMABLE_CLOSE = {P.CloseCode.GOING_AWAY, 1006, P.CloseCode.INTERNAL, 1012, P.CloseCode.TRY_AGAIN}
+REPLAY_LIMIT_S = 35.0   # audio kept for a replay: a 30 s utterance buffer and some margin
+REPLAY_FRAME_S = 1.0    # replayed audio goes out in frames of this many seconds
+
+
+class ReplayBuffer:
+    """The session's audio (in its encoding) from the latest settled point on, bounded."""
+
+    def __init__(self, sample_rate: int, width: int, limit_s: float = REPLAY_LIMIT_S):
+        self.rate, self.width = sample_rate, width
+        self.limit = int(limit_s * sample_rate) * width
+        self.start = 0          # byte offset in the session's audio of data[0]
+        self.data = bytearray()
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+    @property
+    def seconds(self) -> float:
+        return len(self.data) / self.width / self.rate
+
+    def add(self, data: bytes) -> None:
+        self.data += data
+        over = len(self.data) - self.limit
+        if over > 0:   # the server has not settled this much: keep the newest audio only
+            self.settle_bytes(self.start + over)
+
+    def settle(self, seconds: float) -> None:
+        """Audio before `seconds` of the session is settled: drop it."""
+        self.settle_bytes(int(round(seconds * self.rate)) * self.width)
+
+    def settle_bytes(self, offset: int) -> None:
+        drop = min(len(self.data), max(0, offset - self.start))
+        if drop:
+            del self.data[:drop]
+            self.start += drop
+
+    def since(self, seconds: float) -> bytes | None:
+        """The audio from `seconds` on, or None when some of it was dropped already."""
+        offset = int(round(seconds * self.rate)) * self.width
+        if offset < self.start:
+            return None
+        return bytes(self.data[offset - self.start:])
 
 
 def check_server_url(server: str) -> str:
@@ -95,11 +149,23 @@ class ListenClient:
                  encoding: str = "pcm_s16le", language: str | None = None, keywords=(),
                  token: str | None = None, vad: bool = True, origin: str | None = None,
                  retries: int = 0, backoff: float = 0.5, max_backoff: float = 8.0,
-                 open_timeout: float = 10.0, on_retry=None):
+                 open_timeout: float = 10.0, on_retry=None, resume: bool = True, resume_retries: int = 10,
+                 on_reconnect=None):
         self.server = server
         self.encoding = encoding
         self.url = listen_url(server, sample_rate=sample_rate, encoding=encoding, language=language,
                               keywords=keywords, vad=vad)
+        self.resume, self.resume_retries = resume, resume_retries
+        self.on_reconnect = on_reconnect   # on_reconnect(error | None): reconnecting (error), back (None)
+        self.replay = ReplayBuffer(sample_rate, P.ENCODINGS[encoding])
+        self.resume_token: str | None = None
+        self.seq = 0                # the last seq handed to the caller
+        self._seq_offset = 0        # a session started afresh after a failed resume: its seq and
+        self._time_offset = 0.0     # ... times continue the earlier ones'
+        self._generation = 0
+        self._recovering = asyncio.Lock()
+        self._close_sent = False
+        self.reconnects = 0
         self.token = token
         self.origin = origin
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
@@ -133,10 +199,11 @@ class ListenClient:
                 self.on_retry(attempt, self.retries, delay, error)
             await asyncio.sleep(delay)
 
-    async def _connect_once(self) -> P.Ready:
+    async def _connect_once(self, resume: str | None = None) -> P.Ready:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        url = self.url if resume is None else self.url.split("?")[0] + "?" + urlencode({"resume": resume})
         try:
-            self.ws = await connect(self.url, additional_headers=headers, origin=self.origin,
+            self.ws = await connect(url, additional_headers=headers, origin=self.origin,
                                     open_timeout=self.open_timeout, max_size=2 ** 22)
         except InvalidStatus as e:
             status = e.response.status_code
@@ -154,13 +221,22 @@ class ListenClient:
         except (OSError, asyncio.TimeoutError) as e:
             raise ServerUnreachable(f"cannot reach {self.server}: {e.__class__.__name__}: {e} "
                                     "(is `whistle-stream serve` running?)") from e
-        message = await self.receive()
+        message = await self._receive_plain()
         while isinstance(message, P.Error):   # refused: the close code that follows says why
-            message = await self.receive()    # raises AuthFailed / SessionEnded at the close
+            self.last_error = message
+            message = await self._receive_plain()    # raises AuthFailed / SessionEnded at the close
         if not isinstance(message, P.Ready):
             raise SessionEnded(f"expected ready, got {P.encode(message)}")
-        self.ready = message
+        if self.ready is None:
+            self.messages.append(message)
+            self.ready = message
         return message
+
+    async def _receive_plain(self) -> P.ServerMessage:
+        try:
+            return P.decode_server(await self.ws.recv())
+        except ConnectionClosed as e:
+            raise self._ended(e) from e
 
     def _ended(self, e: ConnectionClosed) -> ClientError:
         code = e.rcvd.code if e.rcvd is not None else 1006
@@ -171,18 +247,106 @@ class ListenClient:
         return SessionEnded(f"the server closed the session (code {code}){detail}", code, self.last_error)
 
     async def receive(self) -> P.ServerMessage:
-        """The next server message. Raises SessionEnded/AuthFailed when the session closed."""
-        try:
-            text = await self.ws.recv()
-        except ConnectionClosed as e:
-            raise self._ended(e) from e
-        message = P.decode_server(text)
-        self.messages.append(message)
+        """The next server message. Raises SessionEnded/AuthFailed when the session closed (and
+        could not be resumed)."""
+        while True:
+            generation = self._generation
+            try:
+                text = await self.ws.recv()
+            except ConnectionClosed as e:
+                if not self._resumable(e):
+                    raise self._ended(e) from e
+                await self._recover(generation, e)
+                continue
+            message = self._adopt(P.decode_server(text))
+            if message is None:
+                continue
+            self.messages.append(message)
+            if isinstance(message, P.Committed):
+                self.committed.append(message)
+            elif isinstance(message, P.Error):
+                self.last_error = message
+            return message
+
+    # -- resume ------------------------------------------------------------------------------
+    def _resumable(self, e: ConnectionClosed) -> bool:
+        code = e.rcvd.code if e.rcvd is not None else 1006
+        return self.resume and self.ready is not None and code in RESUMABLE_CLOSE
+
+    def _adopt(self, message: P.ServerMessage) -> P.ServerMessage | None:
+        """A message as the caller sees it (None: not for the caller): the resume token taken,
+        seq and times carried across fresh sessions, a drain's `final` and error swallowed when
+        the session will resume."""
+        if isinstance(message, (P.Committed, P.Final)) and message.resume:
+            self.resume_token = message.resume
+            self.replay.settle(message.replay_from or 0.0)
+        if self.resume and not self._close_sent and (
+                (isinstance(message, P.Final) and message.reason == "shutdown")
+                or (isinstance(message, P.Error) and message.code is P.ErrorCode.SHUTTING_DOWN)):
+            return None
         if isinstance(message, P.Committed):
-            self.committed.append(message)
-        elif isinstance(message, P.Error):
-            self.last_error = message
+            if self._seq_offset or self._time_offset:
+                shift = self._time_offset
+                message = dataclasses.replace(
+                    message, seq=message.seq + self._seq_offset,
+                    words=tuple(dataclasses.replace(w, start=w.start + shift, end=w.end + shift)
+                                for w in message.words))
+            if message.seq <= self.seq:
+                return None   # already delivered (the server replayed a commit)
+            self.seq = message.seq
+        elif isinstance(message, P.Final):
+            message = dataclasses.replace(message, seq=message.seq + self._seq_offset)
         return message
+
+    async def _recover(self, generation: int, error: Exception) -> None:
+        """Reconnect after a drop: resume with the latest token and replay, or start afresh from
+        the audio still held. One recovery at a time; a caller that saw an older connection fail
+        waits for the recovery in progress."""
+        async with self._recovering:
+            if self._generation != generation:
+                return
+            if self.on_reconnect is not None:
+                self.on_reconnect(error)
+            attempt = 0
+            while True:
+                try:
+                    await self._reopen()
+                    break
+                except AuthFailed:
+                    raise
+                except (ServerUnreachable, SessionEnded) as e:
+                    retryable = isinstance(e, ServerUnreachable) or e.code in RESUMABLE_CLOSE
+                    if isinstance(e, SessionEnded) and e.code == P.CloseCode.BAD_RESUME:
+                        self.resume_token = None     # the token is no good: start afresh
+                    elif not retryable or attempt >= self.resume_retries:
+                        raise
+                attempt += 1
+                delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.75 + 0.5 * random.random())
+                if self.on_retry is not None:
+                    self.on_retry(attempt, self.resume_retries, delay, error)
+                await asyncio.sleep(delay)
+            self.reconnects += 1
+            self._generation += 1
+            if self.on_reconnect is not None:
+                self.on_reconnect(None)
+
+    async def _reopen(self) -> None:
+        ready = await self._connect_once(resume=self.resume_token)
+        if ready.resumed:
+            audio = self.replay.since(ready.replay_from)
+            if audio is None:    # dropped already: this session cannot continue; start afresh
+                await self.ws.close()
+                self.resume_token = None
+                ready = await self._connect_once(resume=None)
+        if not ready.resumed:
+            # A new session hears the audio still held, from its start: seq and times run on.
+            self._seq_offset, self._time_offset = self.seq, self.replay.start / self.replay.width / self.replay.rate
+            audio = bytes(self.replay.data)
+        step = int(REPLAY_FRAME_S * self.replay.rate) * self.replay.width
+        for i in range(0, len(audio), step):
+            await self.ws.send(audio[i:i + step])
+        if self._close_sent:
+            await self.ws.send(json.dumps({"type": "close"}))
 
     def __aiter__(self):
         return self
@@ -206,16 +370,27 @@ class ListenClient:
     # -- sending -----------------------------------------------------------------------------
     async def send_audio(self, audio) -> None:
         """Send float32 samples at the session rate (or bytes already in the session encoding)."""
+        data = to_pcm(audio, self.encoding)
+        if self.resume:
+            self.replay.add(data)
+        generation = self._generation
         try:
-            await self.ws.send(to_pcm(audio, self.encoding))
+            await self.ws.send(data)
         except ConnectionClosed as e:
-            raise self._ended(e) from e
+            if not self._resumable(e):
+                raise self._ended(e) from e
+            await self._recover(generation, e)   # the replay includes this frame
 
     async def _send_json(self, obj: dict) -> None:
+        if obj.get("type") == "close":
+            self._close_sent = True
+        generation = self._generation
         try:
             await self.ws.send(json.dumps(obj))
         except ConnectionClosed as e:
-            raise self._ended(e) from e
+            if not self._resumable(e):
+                raise self._ended(e) from e
+            await self._recover(generation, e)   # a close is sent again after the replay
 
     async def keepalive(self) -> None:
         await self._send_json({"type": "keepalive"})
@@ -244,6 +419,11 @@ class ListenClient:
         final = await self._until_final()
         await self.ws.wait_closed()
         return final
+
+    @property
+    def transcript(self) -> str:
+        """The text of every `committed` received, across resumes."""
+        return "".join(c.text for c in self.committed)
 
     @property
     def text(self) -> str:

@@ -27,8 +27,7 @@ import soxr
 from whistle_stream.service import protocol as P
 from whistle_stream.service.core import SessionCore
 
-from .client import (AuthFailed, ClientError, ListenClient, RETRYABLE_CLOSE, ServerUnreachable, SessionEnded,
-                     check_server_url, to_pcm)
+from .client import AuthFailed, ClientError, ListenClient, ServerUnreachable, check_server_url, to_pcm
 
 RATE = 16000
 BLOCK_S = 0.1          # audio sent per frame: 100 ms keeps latency low and frames small
@@ -209,50 +208,37 @@ async def limited(blocks, seconds: float | None, stop: asyncio.Event):
 # Running a session
 
 async def run_remote(args, blocks, display, summary: Summary) -> None:
-    """Stream blocks to the server; reconnect with backoff when the session drops mid-stream.
+    """Stream blocks to the server. The client resumes the session when the connection drops or
+    the server restarts (docs/protocol.md, "Resuming a session"): the captions carry on."""
+    def on_reconnect(error) -> None:
+        sys.stderr.write(f"\nwhistle-listen: reconnecting ({error})\n" if error is not None
+                         else "whistle-listen: reconnected; the captions continue\n")
+        sys.stderr.flush()
 
-    Audio the old server received but did not process before going away (at most a block or
-    two) is lost; a block whose send failed is sent again on the new session.
-    """
-    blocks = blocks.__aiter__()
-    carry = []
-    while True:
-        client = ListenClient(args.server, sample_rate=RATE, language=args.language,
-                              keywords=args.keyword, token=args.token, vad=not args.no_vad,
-                              retries=args.retries, on_retry=_say_retry)
-        display.update(await client.connect())
-        summary.sessions += 1
+    client = ListenClient(args.server, sample_rate=RATE, language=args.language, keywords=args.keyword,
+                          token=args.token, vad=not args.no_vad, retries=args.retries, on_retry=_say_retry,
+                          resume_retries=max(args.retries, 1), on_reconnect=on_reconnect)
+    display.update(await client.connect())
+    summary.sessions = 1
 
-        async def receive():
-            async for message in client:
-                display.update(message)
-                if isinstance(message, P.Final) and message.reason != "finalize":
-                    summary.add(message)
+    async def receive():
+        async for message in client:
+            display.update(message)
+            if isinstance(message, P.Final) and message.reason != "finalize":
+                summary.add(message)
 
-        receiver = asyncio.create_task(receive())
-        dropped = None
-        try:
-            while carry:
-                await client.send_audio(carry[0])
-                carry.pop()
-            async for block in blocks:
-                if receiver.done():
-                    carry = [block]
-                    break
-                carry = [block]
-                await client.send_audio(block)
-                carry = []
-            if not receiver.done():
-                await client.request_close()
-            await receiver
-            return
-        except SessionEnded as e:
-            dropped = e
-        finally:
-            receiver.cancel()
-        if dropped.code not in RETRYABLE_CLOSE:
-            raise dropped
-        sys.stderr.write(f"\nconnection lost ({dropped}); reconnecting\n")
+    receiver = asyncio.create_task(receive())
+    try:
+        async for block in blocks:
+            if receiver.done():
+                break
+            await client.send_audio(block)
+        if not receiver.done():
+            await client.request_close()
+        await receiver
+    finally:
+        receiver.cancel()
+    summary.sessions += client.reconnects
 
 
 def _say_retry(attempt: int, retries: int, delay: float, error: Exception) -> None:
