@@ -28,7 +28,7 @@ from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from whistle_stream.service import protocol as P
 
@@ -218,7 +218,7 @@ class ListenClient:
             raise ClientError(f"{self.server} refused the session (HTTP {status}): {body}") from e
         except InvalidURI as e:
             raise ClientError(f"the server must be a URL like ws://127.0.0.1:8000, got {self.server!r}") from e
-        except (OSError, asyncio.TimeoutError) as e:
+        except (OSError, asyncio.TimeoutError, InvalidHandshake) as e:   # refused, timed out, cut mid-handshake
             raise ServerUnreachable(f"cannot reach {self.server}: {e.__class__.__name__}: {e} "
                                     "(is `whistle-stream serve` running?)") from e
         message = await self._receive_plain()

@@ -114,6 +114,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
+_OPTIONAL_TEXT = ("token", "model", "resume_secret")   # text settings that may be unset (None)
+
+
 def config_from_args(args: argparse.Namespace | None = None, environ=None) -> ServiceConfig:
     """Flags (strings or None) > WHISTLE_* environment > defaults -> a checked ServiceConfig."""
     environ = os.environ if environ is None else environ
@@ -123,11 +126,11 @@ def config_from_args(args: argparse.Namespace | None = None, environ=None) -> Se
         raw = getattr(args, f.name, None) if args is not None else None
         if raw is None:
             raw = environ.get(env_name(f.name))
-        if raw is None or raw == "" and f.name not in ("token", "model"):
+        if raw is None or raw == "" and f.name not in _OPTIONAL_TEXT:
             continue
         kind = type(getattr(defaults, f.name))
         try:
-            if f.name in ("token", "model"):
+            if f.name in _OPTIONAL_TEXT:
                 values[f.name] = raw or None
             elif kind is tuple:
                 values[f.name] = tuple(o.strip() for o in str(raw).split(",") if o.strip())

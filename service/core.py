@@ -129,8 +129,10 @@ class Reconfigure:
 
 @dataclass(frozen=True)
 class FinishNow:
-    """The session ends: commit everything, then `final` with this reason."""
+    """The session ends: commit everything, then `final` with this reason (suspend: commit
+    nothing more; the session resumes elsewhere)."""
     reason: str
+    suspend: bool = False
 
 
 @dataclass(frozen=True)
@@ -326,8 +328,13 @@ class SessionCore:
 
     def end(self, reason: str) -> tuple[Work, ...]:
         """The session ends (the client closed, a limit, a timeout, shutdown): the work that
-        commits what is left and answers `final`."""
+        commits what is left and answers `final`. A shutdown of a session that can resume commits
+        nothing more: its `final` carries the token of the session as it stands, and the session
+        that resumes commits the pending words (forced at a cut mid-utterance, they would be the
+        reading of half a sentence)."""
         self.session.closing()
+        if reason == "shutdown" and self.resume_secret is not None:
+            return (FinishNow(reason, suspend=True), Mark(self.path.state()))
         return self._marked((*self._events(self.path.flush(last=True)), FinishNow(reason)))
 
     def _marked(self, work: tuple[Work, ...]) -> tuple[Work, ...]:
@@ -414,6 +421,8 @@ class SessionCore:
                 return [P.Error(P.ErrorCode.BAD_MESSAGE, str(e)[:300])]
             return []
         if isinstance(item, FinishNow):
+            if item.suspend:
+                return self.session.final(None, item.reason)
             return self._publish(self.stream.finish(), final=item.reason)
         raise TypeError(f"not a work item: {item!r}")
 

@@ -33,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from websockets.asyncio.server import ServerConnection, serve as ws_serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
+from websockets import http11 as websockets_http11
 from websockets.http11 import Request, Response
 
 from . import protocol as P
@@ -43,6 +44,9 @@ from .http import Reply, Request as HttpRequest, diverting
 from .resume import random_secret
 
 log = logging.getLogger("whistle.service")
+# A request line holds the query; let one with an over-long resume token reach protocol.parse_query,
+# which refuses it with bad_resume, instead of websockets' bare HTTP 414 at 8 KB.
+websockets_http11.MAX_LINE_LENGTH = max(websockets_http11.MAX_LINE_LENGTH, 32 * 1024)
 LISTEN_PATH = "/v1/listen"
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
