@@ -84,8 +84,8 @@ def test_a_fresh_install_has_no_top_level_service_or_clients(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True, system_site_packages=False)
     python = env_dir / "bin" / "python"
-    site = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
-    (next((env_dir / "lib").glob("python*")) / "site-packages" / "deps.pth").write_text(str(site) + "\n")
+    sites = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (next((env_dir / "lib").glob("python*")) / "site-packages" / "deps.pth").write_text("\n".join(sites) + "\n")
     quiet = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
                            str(ROOT)], capture_output=True, text=True, env=quiet, timeout=600)
