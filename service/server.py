@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 import http
 import json
 import logging
@@ -52,7 +53,12 @@ TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/index.html": ("index.html", "text/html; charset=utf-8"),
-          "/captions.js": ("captions.js", "text/javascript; charset=utf-8")}
+          "/captions.js": ("captions.js", "text/javascript; charset=utf-8"),
+          "/subtitles.js": ("subtitles.js", "text/javascript; charset=utf-8"),
+          "/tap-worklet.js": ("tap-worklet.js", "text/javascript; charset=utf-8"),
+          "/captions.css": ("captions.css", "text/css; charset=utf-8"),
+          "/favicon.svg": ("favicon.svg", "image/svg+xml"),
+          "/favicon.ico": ("favicon.svg", "image/svg+xml")}
 
 
 def log_event(event: str, level: int = logging.INFO, **fields) -> None:
@@ -249,11 +255,7 @@ class App:
                 return _response(denied.status, denied.body(), "application/json")
             return _response(200, openai_api.models_body(self.model_name), "application/json")
         if path in self._static:
-            file, kind = self._static[path]
-            try:
-                return _response(200, file.read_bytes(), kind)
-            except OSError:
-                return _response(404, "not found\n")
+            return self._page(request, *self._static[path])
         return _response(404, "not found\n")
 
     def _route_deepgram(self, request: Request) -> Response | None:
@@ -279,6 +281,29 @@ class App:
             log_event("rejected", level=logging.WARNING, reason="deepgram", status=e.status, detail=e.message)
             return _response(e.status, e.body(), "application/json")
         return None
+
+    def _page(self, request: Request, file: Path, kind: str) -> Response:
+        """A file of the captions page: its content type, a Content-Security-Policy that allows
+        only the page's own files and its WebSocket, and revalidation by ETag."""
+        try:
+            body = file.read_bytes()
+        except OSError:
+            return _response(404, "not found\n")
+        tag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        host = request.headers.get("Host", "").strip()
+        sockets = f" ws://{host} wss://{host}" if host and all(c not in host for c in " ;,'\"") else ""
+        policy = (f"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'"
+                  f"{sockets}; media-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors *")
+        if request.headers.get("If-None-Match") == tag:
+            response = _response(304, b"", kind)
+        else:
+            response = _response(200, body, kind)
+        del response.headers["Cache-Control"]   # websockets' Headers add a value on assignment
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["ETag"] = tag
+        response.headers["Content-Security-Policy"] = policy
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
 
     # -- HTTP with a body: the OpenAI-compatible transcription endpoint ----------------------
     @property
