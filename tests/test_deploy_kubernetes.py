@@ -1,0 +1,78 @@
+"""The Kubernetes manifests: `kubectl kustomize` builds the example overlay, every object validates
+against the schemas of a current Kubernetes release (kubernetes-validate, strict), and the
+settings agree with the service's own (drain timeout, probes, WHISTLE_* names, the image's user)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from whistle_stream.service.config import ServiceConfig, env_name
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBERNETES_VERSION = "1.33.0"
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict]:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed (.ci/run installs it)")
+    built = subprocess.run(["kubectl", "kustomize", str(ROOT / "deploy/kubernetes/overlays/example")],
+                           capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(built) if d]
+
+
+def by_kind(objects, kind):
+    (obj,) = [o for o in objects if o["kind"] == kind]
+    return obj
+
+
+def test_every_object_validates_against_the_kubernetes_schemas(objects):
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Ingress", "Namespace",
+                     "PodDisruptionBudget", "Secret", "Service"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_a_broken_manifest_is_caught(objects):
+    bad = by_kind(objects, "Deployment")
+    bad = {**bad, "spec": {**bad["spec"], "replicas": "three"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_deployment_drains_before_it_is_killed_and_runs_locked_down(objects):
+    config = by_kind(objects, "ConfigMap")["data"]
+    known = {env_name(f) for f in ServiceConfig.__dataclass_fields__}
+    assert set(config) <= known
+    pod = by_kind(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    drain = float(config["WHISTLE_DRAIN_TIMEOUT"])
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] > drain + pre_stop
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["WHISTLE_RESUME_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "whistle-stream"
+    assert env["WHISTLE_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] in by_kind(objects, "Secret")["data"]
+    # the image's user and numba cache are the ones the pod expects
+    dockerfile = (ROOT / "docker/Dockerfile").read_text()
+    assert f"--uid {pod['securityContext']['runAsUser']}" in dockerfile
+    assert f"NUMBA_CACHE_DIR={env['NUMBA_CACHE_DIR']['value']}" in dockerfile
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert any(env["NUMBA_CACHE_DIR"]["value"].startswith(m) for m in mounts)
+
+
+def test_the_ingress_keeps_websockets_open_longer_than_a_session(objects):
+    annotations = by_kind(objects, "Ingress")["metadata"]["annotations"]
+    assert int(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 3600
+    size = annotations["nginx.ingress.kubernetes.io/proxy-body-size"]
+    assert int(re.match(r"(\d+)m", size).group(1)) << 20 >= ServiceConfig().max_upload_bytes
