@@ -21,7 +21,7 @@ class ServerProcess:
             server.http   # http://127.0.0.1:PORT
     """
 
-    def __init__(self, *flags: str, env: dict | None = None, timeout: float = 120.0):
+    def __init__(self, *flags: str, env: dict | None = None, timeout: float = 300.0):   # a cold JIT cache: minutes
         self.flags, self.env, self.timeout = flags, env, timeout
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
