@@ -5,7 +5,6 @@ a real server process (the bundled demo model). Screenshots go to test-artifacts
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import socket
 import subprocess

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeWhistle, start_server_process, stream_reference
-from whistle_stream.clients.client import ListenClient, ServerUnreachable, SessionEnded
+from whistle_stream.clients.client import ListenClient, SessionEnded
 from whistle_stream.service import protocol as P
 
 pytestmark = pytest.mark.slow
