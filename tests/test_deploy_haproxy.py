@@ -5,6 +5,7 @@ the balancer's behaviour is under test, and the fake's transcript is exact for a
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import socket
@@ -41,8 +42,7 @@ def loopback_config(servers: dict[str, int], port: int, stats: int) -> str:
     """docker/haproxy.cfg with loopback addresses: the replicas as static servers instead of Docker
     DNS, the frontends bound to loopback ports. Every other line is the shipped one."""
     text = (ROOT / "docker/haproxy.cfg").read_text()
-    swaps = [("    log stdout format raw local0\n", ""),
-             ("    bind :8000\n", f"    bind 127.0.0.1:{port}\n"),
+    swaps = [("    bind :8000\n", f"    bind 127.0.0.1:{port}\n"),
              ("    bind :8404\n", f"    bind 127.0.0.1:{stats}\n"),
              (" resolvers docker init-addr none", ""),
              ("    server-template whistle 16 whistle:8000\n",
@@ -63,8 +63,10 @@ class Fleet:
         cfg.write_text(loopback_config(self.ports, self.lb_port, self.stats_port))
         for name in self.ports:
             self.start(name)
-        self.haproxy = subprocess.Popen(["haproxy", "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+        self.haproxy = subprocess.Popen(["haproxy", "-f", str(cfg), "-db"], stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+        self.log: list[str] = []
+        threading.Thread(target=lambda: self.log.extend(self.haproxy.stdout), daemon=True).start()
         self.wait_up(list(self.procs))
 
     @property
@@ -178,6 +180,11 @@ def test_the_shipped_balancer_spreads_sessions_and_survives_kills_restarts_and_a
         fleet.wait_up([killed])
         late_client = await asyncio.wait_for(late, 60)              # ... and takes the waiting session
 
+        # the browser page sends its token in the query: the balancer's log keeps the path only
+        import websockets
+        async with websockets.connect(fleet.url + "/v1/listen?token=leak-me-0123&vad=false") as ws:
+            assert json.loads(await ws.recv())["type"] in ("ready", "error")
+
         fleet.procs["whistle1"].send_signal(signal.SIGTERM)        # a rolling restart: one replica drains
         t_term = time.monotonic()
         while fleet.states().get("whistle1") == "UP" and time.monotonic() - t_term < 10:
@@ -202,3 +209,5 @@ def test_the_shipped_balancer_spreads_sessions_and_survives_kills_restarts_and_a
         assert client.transcript == stream_reference(FakeWhistle(), audio)
     assert sum(c.reconnects for c in clients) >= 4                   # the killed replica's sessions, at least
     assert late_client.transcript == stream_reference(FakeWhistle(), audio_of(6.0, seed=99))
+    logged = [line for line in fleet.log if "/v1/listen" in line]
+    assert logged and not any("leak-me" in line for line in fleet.log)
