@@ -194,10 +194,14 @@ class ListenClient:
                     raise
                 error = e
             attempt += 1
-            delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.75 + 0.5 * random.random())
+            delay = self._backoff_delay(attempt)
             if self.on_retry is not None:
                 self.on_retry(attempt, self.retries, delay, error)
             await asyncio.sleep(delay)
+
+    def _backoff_delay(self, attempt: int) -> float:
+        """Exponential backoff with jitter: seconds before retry `attempt` (1, 2, ...)."""
+        return min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.75 + 0.5 * random.random())
 
     async def _connect_once(self, resume: str | None = None) -> P.Ready:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
@@ -321,7 +325,7 @@ class ListenClient:
                     elif not retryable or attempt >= self.resume_retries:
                         raise
                 attempt += 1
-                delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.75 + 0.5 * random.random())
+                delay = self._backoff_delay(attempt)
                 if self.on_retry is not None:
                     self.on_retry(attempt, self.resume_retries, delay, error)
                 await asyncio.sleep(delay)

@@ -65,19 +65,14 @@ class AudioPath:
 
     def _prime(self, piece: np.ndarray) -> None:
         """Replayed audio before the restored position: through the VAD, its answers unused."""
-        pending = np.concatenate([self._prime_part, piece]) if len(self._prime_part) else piece
-        whole = len(pending) - len(pending) % VAD_FRAME
-        for i in range(0, whole, VAD_FRAME):
-            self.vad.is_speech((np.clip(pending[i:i + VAD_FRAME], -1.0, 1.0) * 32767).astype("<i2").tobytes(), RATE)
-        self._prime_part = pending[whole:]
+        frames, self._prime_part = _whole_frames(self._prime_part, piece)
+        for frame in frames:
+            self.vad.is_speech(_pcm16(frame), RATE)
 
     def _preroll_bytes(self, piece: np.ndarray) -> None:
         """Replayed preroll samples back into whole VAD frames."""
-        pending = np.concatenate([self._preroll_part, piece]) if len(self._preroll_part) else piece
-        whole = len(pending) - len(pending) % VAD_FRAME
-        for i in range(0, whole, VAD_FRAME):
-            self._preroll.append(pending[i:i + VAD_FRAME])
-        self._preroll_part = pending[whole:]
+        frames, self._preroll_part = _whole_frames(self._preroll_part, piece)
+        self._preroll.extend(frames)
 
     def _resample(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
         if self._resampler is None:
@@ -108,8 +103,7 @@ class AudioPath:
     def _frame(self, frame: np.ndarray, out: list) -> None:
         start = self._position
         self._position += len(frame)
-        pcm = (np.clip(frame, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-        speech = self.vad.is_speech(pcm, RATE)
+        speech = self.vad.is_speech(_pcm16(frame), RATE)
         self._recent.append(speech)
         if not self.in_speech:
             self._preroll.append(frame)
@@ -156,7 +150,6 @@ class AudioPath:
             self._drain(out)
         return out
 
-
     # -- resume ------------------------------------------------------------------------------
     def state(self) -> dict:
         """Where the path stands (JSON-able, no audio): what it has framed, what it holds back."""
@@ -167,15 +160,26 @@ class AudioPath:
                 "buffered": self._buffered}
 
     @staticmethod
+    def _held(state: dict) -> list[tuple[int, int, str]]:
+        """The session sample ranges [a, b) a path restored from `state` takes back from the
+        replay, and what each is: preroll frames, a step in the making, the frame tail, and the
+        audio that primes a fresh VAD."""
+        position = int(state["position"])
+        held = []
+        if state["preroll"]:
+            held.append((position - int(state["preroll"]), position, "preroll"))
+        if state["buffered"]:
+            held.append((int(state["buffer_start"]), int(state["buffer_start"]) + int(state["buffered"]), "buffer"))
+        if state["tail"]:
+            held.append((position, position + int(state["tail"]), "tail"))
+        if state["vad"]:
+            held.append((max(0, position - PRIME_FRAMES * VAD_FRAME), position, "prime"))
+        return held
+
+    @staticmethod
     def replay_start(state: dict) -> int:
         """The first session sample (16 kHz) a path restored from `state` needs again."""
-        held = [max(0, int(state["position"]) - PRIME_FRAMES * VAD_FRAME) if state.get("vad", True)
-                else int(state["position"])]
-        if state["preroll"]:
-            held.append(int(state["position"]) - int(state["preroll"]))
-        if state["buffered"]:
-            held.append(int(state["buffer_start"]))
-        return min(held)
+        return min([int(state["position"])] + [a for a, _, _ in AudioPath._held(state)])
 
     def restore(self, state: dict, start: int, refill: list[tuple[int, int]]) -> None:
         """Continue `state()`: replayed audio begins at session sample `start`; the samples in
@@ -189,16 +193,20 @@ class AudioPath:
         self._first = bool(state["first"])
         self._buffer, self._buffered, self._buffer_start = [], 0, int(state["buffer_start"])
         end = self._position + int(state["tail"])
-        held = [(a, b, "refill") for a, b in refill]
-        if state["preroll"]:
-            held.append((self._position - int(state["preroll"]), self._position, "preroll"))
-        if state["buffered"]:
-            held.append((int(state["buffer_start"]), int(state["buffer_start"]) + int(state["buffered"]), "buffer"))
-        if state["tail"]:
-            held.append((self._position, end, "tail"))
-        if self.vad is not None:
-            held.append((max(0, self._position - PRIME_FRAMES * VAD_FRAME), self._position, "prime"))
+        held = [(a, b, "refill") for a, b in refill] + self._held(state)
         self._replay = _Replay(int(start), end, sorted(held))
+
+
+def _pcm16(frame: np.ndarray) -> bytes:
+    """A VAD frame as webrtcvad takes it: 16-bit PCM."""
+    return (np.clip(frame, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+def _whole_frames(part: np.ndarray, piece: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """`part` (less than a VAD frame) followed by `piece`, as whole VAD frames and what is left."""
+    pending = np.concatenate([part, piece]) if len(part) else piece
+    whole = len(pending) - len(pending) % VAD_FRAME
+    return [pending[i:i + VAD_FRAME] for i in range(0, whole, VAD_FRAME)], pending[whole:]
 
 
 class _Replay:
@@ -269,8 +277,8 @@ class TimeMap:
         for i, e0 in enumerate(self._engine):
             a, b = max(e0, start), min(bounds[i + 1], end)
             if a < b:
-                s0 = self._session[i] + (a - e0)
-                out.append((int(round(s0 * RATE)), int(round(s0 * RATE)) + int(round((b - a) * RATE))))
+                s0 = int(round((self._session[i] + (a - e0)) * RATE))
+                out.append((s0, s0 + int(round((b - a) * RATE))))
         return out
 
     def __call__(self, t: float) -> float:

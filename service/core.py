@@ -95,7 +95,7 @@ class _NoObserver:
 
 @dataclass(frozen=True)
 class SessionLimits:
-    """The per-session part of the service settings (`ServiceConfig.limits()`)."""
+    """The per-session part of the service settings (`server.limits_of(ServiceConfig)`)."""
 
     step_s: float = 1.0                      # engine step
     max_session_seconds: float = 4 * 3600.0  # audio seconds one session may send
@@ -200,9 +200,7 @@ class SessionCore:
         self.session = P.Session(session_id, config, engine.name, engine.dims.languages)
         self.observer = observer or _NoObserver()
         self.clock = clock
-        self.path = AudioPath(config.sample_rate, step_s=limits.step_s, vad=config.vad,
-                              aggressiveness=limits.vad_aggressiveness,
-                              end_of_speech_ms=limits.end_of_speech_ms)
+        self.path = self._new_path()
         self.time_map = TimeMap()
         self.bucket = TokenBucket(limits.control_rate, limits.control_burst, clock)
         self.stream: EngineStream | None = None
@@ -231,6 +229,11 @@ class SessionCore:
         self._passes_seen = self.stream.passes
         return [self.session.ready()]
 
+    def _new_path(self) -> AudioPath:
+        c, lim = self.config, self.limits
+        return AudioPath(c.sample_rate, step_s=lim.step_s, vad=c.vad, aggressiveness=lim.vad_aggressiveness,
+                         end_of_speech_ms=lim.end_of_speech_ms)
+
     # -- resume ------------------------------------------------------------------------------
     def _token_state(self, path: dict) -> dict:
         """Everything a fresh core needs to continue this session (no audio), with the audio
@@ -245,13 +248,13 @@ class SessionCore:
                 "from": start, "fed": self._utterance_fed, "engine": engine, "path": path,
                 "time": self.time_map.state(buffer_s), "refill": refill}
 
-    def token(self, path: dict | None = None) -> tuple[str | None, float | None]:
-        """(resume token, replay_from seconds) for the session as it stands, or (None, None)
-        without a secret. A state too large for a token drops the last pass's hypothesis (the
-        resumed stream then waits one pass longer to agree)."""
-        if self.resume_secret is None or self.stream is None or not hasattr(self.stream, "checkpoint"):
+    def token(self, path: dict) -> tuple[str | None, float | None]:
+        """(resume token, replay_from seconds) for the session as it stands, with the audio path
+        as `path`, or (None, None) without a secret. A state too large for a token drops the last
+        pass's hypothesis (the resumed stream then waits one pass longer to agree)."""
+        if self.resume_secret is None or self.stream is None:
             return None, None
-        state = self._token_state(path if path is not None else self.path.state())
+        state = self._token_state(path)
         token = R.seal(state, self.resume_secret, self.wall_clock(), self.resume_ttl)
         if token is None and "policy" in state["engine"]:
             state["engine"]["policy"]["previous"] = []
@@ -278,9 +281,7 @@ class SessionCore:
                                       f"{state['step']:g} s steps, this server {self.limits.step_s:g} s")
             self.config = P.SessionConfig(sample_rate=int(rate), encoding=str(encoding), language=language,
                                           keywords=tuple(keywords), vad=bool(vad))
-            self.path = AudioPath(self.config.sample_rate, step_s=self.limits.step_s, vad=self.config.vad,
-                                  aggressiveness=self.limits.vad_aggressiveness,
-                                  end_of_speech_ms=self.limits.end_of_speech_ms)
+            self.path = self._new_path()
             self.session = P.Session(str(state["sid"]), self.config, self.engine.name, self.engine.dims.languages)
             start = int(state["from"])
             self.replay_from = start / RATE

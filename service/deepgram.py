@@ -130,7 +130,6 @@ class Dialect:
         self.finalizing = False      # a Finalize is being answered
         self.answered = False        # ... and a Results with from_finalize went out
         self.audio_seconds = 0.0
-        self.speaking = False
 
     # -- client -> server --------------------------------------------------------------------
     def incoming(self, frame):
@@ -172,8 +171,11 @@ class Dialect:
                 "words": [{"word": _plain(w.word), "start": round(w.start, 3), "end": round(w.end, 3),
                            "confidence": round(w.probability, 4), "punctuated_word": w.word} for w in words]}]},
             "metadata": {"request_id": self.options.request_id, "model_uuid": self.options.request_id,
-                         "model_info": {"name": self.model, "version": "whistle-stream", "arch": "whistle"}},
+                         "model_info": self._model_info()},
         }, ensure_ascii=False)
+
+    def _model_info(self) -> dict:
+        return {"name": self.model, "version": "whistle-stream", "arch": "whistle"}
 
     def outgoing(self, message: P.ServerMessage) -> list[str]:
         """One of our server messages -> the Deepgram messages it becomes (maybe none)."""
@@ -185,9 +187,9 @@ class Dialect:
         if isinstance(message, P.Committed):
             words = message.words
             start = words[0].start if words else self.cursor
-            end = words[-1].end if words else max(self.cursor, start)
+            end = words[-1].end if words else self.cursor
             out = [self._results(message.text.strip(), words, final=True, speech_final=message.end_of_speech,
-                                 start=min(start, self.cursor) if not words else start, end=end)]
+                                 start=start, end=end)]
             self.answered = self.answered or self.finalizing
             self.cursor = max(self.cursor, end)
             if message.end_of_speech and self.options.utterance_end_ms is not None:
@@ -205,8 +207,7 @@ class Dialect:
                     "sha256": "", "created": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
                     "duration": round(message.audio_seconds, 3), "channels": 1,
                     "models": [self.options.request_id],
-                    "model_info": {self.options.request_id: {"name": self.model, "version": "whistle-stream",
-                                                             "arch": "whistle"}}}))
+                    "model_info": {self.options.request_id: self._model_info()}}))
             return out
         if isinstance(message, P.Error):
             return [json.dumps({"type": "Error", "variant": message.code.value, "description": message.message,

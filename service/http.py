@@ -18,6 +18,8 @@ from typing import Awaitable, Callable
 import h11
 from websockets.asyncio.server import ServerConnection
 
+from .openai_api import ApiError
+
 log = logging.getLogger("whistle.service")
 
 
@@ -132,9 +134,8 @@ class Exchange(asyncio.Protocol):
 
 
 def _error(message: str, kind: str = "invalid_request_error") -> bytes:
-    import json
-
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
+    """The error body of the only endpoint that takes a body (OpenAI's shape)."""
+    return ApiError(0, message, type=kind).body()
 
 
 def diverting(handler: Handler, max_body: int, timeout: float) -> type[ServerConnection]:

@@ -229,12 +229,9 @@ class App:
         if path == deepgram.LISTEN_PATH:
             return self._route_deepgram(request)
         if path == LISTEN_PATH:
-            origin = request.headers.get("Origin")
-            allowed = self.config.allowed_origins
-            if origin is not None and allowed and origin not in allowed:
-                self.metrics.rejects.labels("origin").inc()
-                log_event("rejected", level=logging.WARNING, reason="origin", origin=origin[:100])
-                return _response(403, f"Origin {origin[:100]!r} is not allowed\n")
+            refused = self._origin_refused(request)
+            if refused is not None:
+                return _response(403, refused + "\n")
             if self.draining:
                 self.metrics.rejects.labels("draining").inc()
                 return _response(503, "shutting down\n")
@@ -245,7 +242,7 @@ class App:
         if path == "/healthz":
             return _response(200, "ok\n")
         if path == "/readyz":
-            ok = self.ready and not self.draining
+            ok = self.accepting
             return _response(200 if ok else 503, "ready\n" if ok else "not ready\n")
         if path == "/metrics":
             return _response(200, self.metrics.text(), CONTENT_TYPE_LATEST)
@@ -258,19 +255,35 @@ class App:
             return self._page(request, *self._static[path])
         return _response(404, "not found\n")
 
+    @property
+    def accepting(self) -> bool:
+        """Ready for new sessions and requests: the model is warm and no drain has begun."""
+        return self.ready and not self.draining
+
+    def _origin_refused(self, request: Request) -> str | None:
+        """Why a browser's Origin is refused (counted and logged), or None when it may connect:
+        requests without an Origin (non-browser clients) always pass."""
+        origin = request.headers.get("Origin")
+        allowed = self.config.allowed_origins
+        if origin is None or not allowed or origin in allowed:
+            return None
+        self.metrics.rejects.labels("origin").inc()
+        log_event("rejected", level=logging.WARNING, reason="origin", origin=origin[:100])
+        return f"Origin {origin[:100]!r} is not allowed"
+
     def _route_deepgram(self, request: Request) -> Response | None:
         """The Deepgram dialect refuses at the handshake, with Deepgram's HTTP error body."""
         query = request.path.partition("?")[2]
         try:
-            origin = request.headers.get("Origin")
-            if origin is not None and self.config.allowed_origins and origin not in self.config.allowed_origins:
-                raise deepgram.DeepgramError(403, f"Origin {origin[:100]!r} is not allowed", "Forbidden")
+            refused = self._origin_refused(request)
+            if refused is not None:
+                raise deepgram.DeepgramError(403, refused, "Forbidden")
             try:
                 check_token(self.config.token, request.headers.get("Authorization"), query)
             except P.ProtocolError as e:
                 raise deepgram.DeepgramError(401, "missing or wrong API key; send 'Authorization: Token <key>'",
                                              "INVALID_AUTH") from e
-            if self.draining or not self.ready:
+            if not self.accepting:
                 raise deepgram.DeepgramError(503, "the server is shutting down or loading; retry", "Unavailable")
             if len(self.sessions) + self.requests_open >= self.config.max_sessions:
                 raise deepgram.DeepgramError(429, f"the server is at its limit of {self.config.max_sessions} "
@@ -325,7 +338,7 @@ class App:
         try:
             if path != TRANSCRIPTIONS_PATH:
                 if request.method == "HEAD" and path in ("/healthz", "/readyz"):
-                    ok = path == "/healthz" or (self.ready and not self.draining)
+                    ok = path == "/healthz" or self.accepting
                     return Reply(200 if ok else 503, b"", "text/plain; charset=utf-8")
                 raise openai_api.ApiError(404 if request.method == "POST" else 405,
                                           f"no {request.method} {path[:100]}; POST {TRANSCRIPTIONS_PATH} "
@@ -335,7 +348,7 @@ class App:
             denied = self._authorize_http(request.headers.get("authorization"), query)
             if denied is not None:
                 raise denied
-            if self.draining or not self.ready:
+            if not self.accepting:
                 raise openai_api.ApiError(503, "the server is " + ("shutting down" if self.draining else
                                           "loading its model") + "; retry", type="server_error")
             form = openai_api.parse_form(request.headers.get("content-type", ""), body,
