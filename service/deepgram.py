@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 from urllib.parse import parse_qsl
 
 from . import protocol as P
@@ -124,18 +124,17 @@ def parse_query(query: str, languages: Sequence[str] = ()) -> tuple[P.SessionCon
 class Dialect:
     """One session's translation between Deepgram's messages and ours."""
 
-    def __init__(self, options: Options, model: str):
+    def __init__(self, options: Options, model: str, audio_seconds: Callable[[], float]):
         self.options, self.model = options, model
+        self.audio_seconds = audio_seconds   # the session's audio so far, seconds (its own count)
         self.cursor = 0.0            # end of the audio the last final result covered
         self.finalizing = False      # a Finalize is being answered
         self.answered = False        # ... and a Results with from_finalize went out
-        self.audio_seconds = 0.0
 
     # -- client -> server --------------------------------------------------------------------
     def incoming(self, frame):
         """A client frame -> the frame our session core takes (audio passes through)."""
         if isinstance(frame, (bytes, bytearray, memoryview)):
-            self.audio_seconds += len(frame) / 2 / 16000   # informative only: Metadata uses the core's count
             return frame
         try:
             kind = json.loads(frame).get("type")
@@ -183,7 +182,7 @@ class Dialect:
             if not (self.options.interim_results and message.pending.strip()):
                 return []
             return [self._results(message.pending.strip(), (), final=False, speech_final=False,
-                                  start=self.cursor, end=max(self.cursor, self.audio_seconds))]
+                                  start=self.cursor, end=max(self.cursor, self.audio_seconds()))]
         if isinstance(message, P.Committed):
             words = message.words
             start = words[0].start if words else self.cursor

@@ -256,6 +256,11 @@ class App:
         return _response(404, "not found\n")
 
     @property
+    def full(self) -> bool:
+        """Live sessions and transcription uploads together are at --max-sessions."""
+        return len(self.sessions) + self.requests_open >= self.config.max_sessions
+
+    @property
     def accepting(self) -> bool:
         """Ready for new sessions and requests: the model is warm and no drain has begun."""
         return self.ready and not self.draining
@@ -285,7 +290,7 @@ class App:
                                              "INVALID_AUTH") from e
             if not self.accepting:
                 raise deepgram.DeepgramError(503, "the server is shutting down or loading; retry", "Unavailable")
-            if len(self.sessions) + self.requests_open >= self.config.max_sessions:
+            if self.full:
                 raise deepgram.DeepgramError(429, f"the server is at its limit of {self.config.max_sessions} "
                                              "sessions; retry later", "TOO_MANY_REQUESTS")
             deepgram.parse_query(query, self.model.dims.languages)
@@ -353,7 +358,7 @@ class App:
                                           "loading its model") + "; retry", type="server_error")
             form = openai_api.parse_form(request.headers.get("content-type", ""), body,
                                          self.model.dims.languages)
-            if len(self.sessions) + self.requests_open >= self.config.max_sessions:
+            if self.full:
                 self.metrics.rejects.labels(P.ErrorCode.SERVER_FULL.value).inc()
                 raise openai_api.ApiError(503, f"the server is at its limit of {self.config.max_sessions} "
                                           "sessions and requests; retry later", type="server_error",
@@ -407,7 +412,7 @@ class App:
         except P.ProtocolError as e:   # the token alone decides, even if other parameters are bad
             await self.refuse(conn, e.code, e.message)
             return
-        if len(self.sessions) >= self.config.max_sessions:
+        if self.full:
             await self.refuse(conn, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
                                f"{self.config.max_sessions} sessions; retry later")
             return
@@ -415,7 +420,7 @@ class App:
         try:
             if path == deepgram.LISTEN_PATH:   # checked at the handshake already (_route)
                 session_config, options = deepgram.parse_query(query, self.model.dims.languages)
-                dialect = deepgram.Dialect(options, self.model_name)
+                dialect = options
                 limits = dataclasses.replace(limits, end_of_speech_ms=options.end_of_speech_ms)
             else:
                 session_config = P.parse_query(query, self.model.dims.languages)
@@ -463,13 +468,15 @@ class SessionRunner:
     """
 
     def __init__(self, app: App, conn: ServerConnection, config: P.SessionConfig,
-                 limits: SessionLimits | None = None, dialect: deepgram.Dialect | None = None):
+                 limits: SessionLimits | None = None, dialect: deepgram.Options | None = None):
         self.app, self.conn, self.config = app, conn, config
         self.id = uuid.uuid4().hex[:12]
         self.core = SessionCore(app.model, config, limits or app.limits, session_id=self.id,
                                 observer=MetricsObserver(app.metrics), resume_secret=app.resume_secret,
                                 resume_ttl=app.config.resume_ttl)
-        self.dialect = dialect   # None: our own protocol; else it translates frames both ways
+        # None: our own protocol; else it translates frames both ways
+        self.dialect = None if dialect is None else deepgram.Dialect(
+            dialect, app.model_name, audio_seconds=lambda: self.core.session.audio_seconds)
         self.task = asyncio.current_task()
         c = app.config
         self._work: deque[Work] = deque()

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from whistle_stream.clients import WEB_ROOT
-from whistle_stream.clients.client import ListenClient, to_pcm
+from whistle_stream.clients.client import ListenClient, SessionEnded, to_pcm
 from fakes import FakeWhistle, stream_reference
 from whistle_stream.service import protocol as P
 from whistle_stream.service.config import ServiceConfig
@@ -601,3 +601,18 @@ def test_the_captions_script_is_valid_javascript():
         pytest.skip("node is not installed")
     script = Path(__file__).resolve().parent.parent / "clients" / "web" / "captions.js"
     subprocess.run([node, "--check", str(script)], check=True)
+
+
+async def test_uploads_in_progress_count_against_capacity_for_live_sessions():
+    app = await start(max_sessions=2)
+    try:
+        app.requests_open = 2          # two transcription uploads on the engine
+        with pytest.raises(SessionEnded) as refused:
+            await ListenClient(app.url).connect()
+        assert refused.value.code == P.CloseCode.TRY_AGAIN
+        app.requests_open = 1
+        async with ListenClient(app.url) as c:
+            assert c.ready is not None
+    finally:
+        app.requests_open = 0
+        await app.drain()
