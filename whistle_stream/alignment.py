@@ -22,7 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .kernels.alignment import _dtw
-from .rules import LOUDNESS, WORD_START, quiet, speech_level
+from .rules import LOUDNESS, WORD_START, quiet, runs, speech_level
 
 _STD_FLOOR = 1e-6  # a frame every token attends to equally carries no timing information
 MIN_PAUSE_FRAMES = 2  # a pause that parts words: 160 ms; a stop consonant's closure ("pi-ck") can leave one
@@ -35,10 +35,9 @@ class Detokenizer(Protocol):
 
 def long_pauses(sounding: np.ndarray, min_frames: int = MIN_PAUSE_FRAMES) -> np.ndarray:
     """(frames,) bool: the frames of every silent run of at least min_frames frames in `sounding`."""
-    quiet = ~np.asarray(sounding, dtype=bool)
-    out = np.zeros(len(quiet), dtype=bool)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], quiet.astype(np.int8), [0]])))
-    for a, b in zip(edges[::2], edges[1::2]):  # silent runs [a, b)
+    silent = ~np.asarray(sounding, dtype=bool)
+    out = np.zeros(len(silent), dtype=bool)
+    for a, b in runs(silent):
         if b - a >= min_frames:
             out[a:b] = True
     return out

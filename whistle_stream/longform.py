@@ -14,7 +14,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .rules import LOUDNESS, PAUSE_FRAME, PAUSE_S, WINDOW_S, ends_sentence, frame_levels, quiet, speech_level
+from .rules import (LOUDNESS, PAUSE_FRAME, PAUSE_S, WINDOW_S, ends_sentence, frame_levels, quiet, runs,
+                    speech_level)
 
 _EPS = 1e-9
 
@@ -110,15 +111,13 @@ def utterance_spans(pcm: np.ndarray, rate: int = 16000, pause_s: float = PAUSE_S
     if n_samples == 0 or level <= 0.0:
         return []
     head = n_samples - len(rms) * frame   # frames are aligned to the clip's end
-    still = quiet(rms, level, drop_db)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], still.astype(np.int8), [0]])))
-    runs = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2]) if a > 0 and b < len(rms)]
+    inner = [(a, b) for a, b in runs(quiet(rms, level, drop_db)) if a > 0 and b < len(rms)]
     need = max(1, int(round(pause_s * rate / frame)))
-    cuts = [(a + b) // 2 for a, b in runs if b - a >= need]          # in frames
+    cuts = [(a + b) // 2 for a, b in inner if b - a >= need]          # in frames
     bounds = [0, *cuts, len(rms)]
     spans = []
     for a, b in zip(bounds, bounds[1:]):
-        spans += _split_long(a, b, runs, rate / frame)
+        spans += _split_long(a, b, inner, rate / frame)
     out = [(head + a * frame if a else 0, head + b * frame if b < len(rms) else n_samples) for a, b in spans]
     return [(a, b) for a, b in out if b > a]
 

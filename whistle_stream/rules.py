@@ -64,3 +64,9 @@ def frame_levels(audio: np.ndarray, rate: int = 16000) -> np.ndarray:
     n = len(audio) // frame
     frames = np.asarray(audio[len(audio) - n * frame:], np.float32).reshape(n, frame)
     return np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
+
+
+def runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """The [start, end) runs of True in a boolean mask, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask, bool).astype(np.int8), [0]])))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]

@@ -21,7 +21,8 @@ import numpy as np
 
 from .commit import CommitPolicy, Word
 from .longform import cut_point
-from .rules import LOUDNESS, PAUSE_FRAME, PAUSE_S, WINDOW_S, frame_levels, quiet, quiet_under, speech_level
+from .rules import (LOUDNESS, PAUSE_FRAME, PAUSE_S, WINDOW_S, frame_levels, quiet, quiet_under, runs,
+                    speech_level)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Whistle
@@ -357,8 +358,7 @@ def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PA
     rms = frame_levels(audio, rate)
     level = speech_level(rms)
     still = quiet(rms, level, drop_db) if level > 0.0 else np.ones(n, bool)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], still.astype(np.int8), [0]])))
-    for start, end in zip(edges[-2::-2], edges[::-2]):  # quiet runs [start, end), newest first
+    for start, end in reversed(runs(still)):  # quiet runs [start, end), newest first
         if head + end * frame <= since:
             return None
         if end - start >= need and (leading or start > 0):
