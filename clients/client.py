@@ -242,8 +242,13 @@ class ListenClient:
         except ConnectionClosed as e:
             raise self._ended(e) from e
 
+    @staticmethod
+    def _close_code(e: ConnectionClosed) -> int:
+        """The close code the server sent; 1006 when the connection dropped without one."""
+        return e.rcvd.code if e.rcvd is not None else 1006
+
     def _ended(self, e: ConnectionClosed) -> ClientError:
-        code = e.rcvd.code if e.rcvd is not None else 1006
+        code = self._close_code(e)
         if code == P.CloseCode.UNAUTHORIZED:
             return AuthFailed("authentication failed: the server rejected the token "
                               "(pass --token or set WHISTLE_TOKEN)")
@@ -274,8 +279,7 @@ class ListenClient:
 
     # -- resume ------------------------------------------------------------------------------
     def _resumable(self, e: ConnectionClosed) -> bool:
-        code = e.rcvd.code if e.rcvd is not None else 1006
-        return self.resume and self.ready is not None and code in RESUMABLE_CLOSE
+        return self.resume and self.ready is not None and self._close_code(e) in RESUMABLE_CLOSE
 
     def _adopt(self, message: P.ServerMessage) -> P.ServerMessage | None:
         """A message as the caller sees it (None: not for the caller): the resume token taken,
