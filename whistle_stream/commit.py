@@ -145,6 +145,11 @@ class CommitPolicy:
     def committed(self) -> list[Word]:
         return list(self._committed)
 
+    @property
+    def pending(self) -> list[Word]:
+        """The last hypothesis beyond the committed words."""
+        return list(self._pending)
+
     def state(self) -> dict:
         """What a restored policy needs to decide as this one would (JSON-able): the committed
         words passes still compare with (the current utterance's, and the last `repeat_words`),

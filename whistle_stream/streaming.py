@@ -127,7 +127,7 @@ class StreamSession:
             raise ValueError(f"not a stream checkpoint: {e}") from e
         if not session._buffer_start <= received < session._next_pass:
             raise ValueError("a checkpoint whose buffer, received audio and next pass are out of order")
-        session._pending = list(session.policy._pending)
+        session._pending = session.policy.pending
         return session
 
     # ---- public API ------------------------------------------------------------------------
