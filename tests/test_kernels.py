@@ -383,6 +383,20 @@ def test_the_kernel_cache_under_numba_cache_dir_is_guarded_too(tmp_path, monkeyp
     assert _cache.drop_stale(pkg) == 1 and (mirror / _cache.STAMP).exists()
 
 
+def test_a_cache_folder_numba_has_not_made_yet_is_stamped_so_the_first_processs_cache_is_kept(tmp_path, monkeypatch):
+    from whistle_stream.kernels import _cache
+
+    pkg = tmp_path / "src" / "kernels"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))   # empty: a fresh image build
+    assert _cache.drop_stale(pkg) == 0                      # the first process: nothing cached yet
+    (mirror,) = [d for d in _cache.cache_dirs(pkg) if str(d).startswith(str(tmp_path / "cache"))]
+    (mirror / "a.f-1.py311.nbi").write_bytes(b"x")          # what that process's Numba then writes
+    assert _cache.drop_stale(pkg) == 0                      # the next process keeps it
+    assert (mirror / "a.f-1.py311.nbi").exists()
+
+
 def test_the_guarded_cache_folder_is_the_one_numba_writes(tmp_path, monkeypatch):
     from numba.core.caching import _CacheLocator
 

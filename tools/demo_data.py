@@ -325,6 +325,14 @@ NAMED_VARIANTS = (
     "marcelo", "max", "michel", "miguel", "norbert", "pablo", "paul", "pedro", "quincy", "rob",
     "robert", "sandro", "shelby", "steph", "steph2", "steph3", "travis", "victor", "zac")
 FLITE_VOICES = ["kal", "kal16", "awb", "slt", "rms"]
+# Debian's English festival voices (festvox-kallpc16k, festvox-kdlpc16k, festvox-us-slt-hts). kal and
+# slt are speakers flite also has (a different synthesis of the same recordings); ked is not.
+FESTIVAL_VOICES = ["kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"]
+# A synthesiser family: every voice one program speaks (the leave-one-family-out measure).
+FAMILIES = {"espeak-ng": tuple(f"espeak-ng/{lang}+{v}" for lang in ESPEAK_LANGS for v in ESPEAK_VARIANTS)
+            + tuple(f"espeak-ng/{lang}" for lang in ESPEAK_LANGS),
+            "flite": tuple(f"flite/{v}" for v in FLITE_VOICES),
+            "festival": tuple(f"festival/{v}" for v in FESTIVAL_VOICES)}
 # Held out: every espeak-ng voice built on variants f4 and m6, and flite's rms.
 HELD_OUT_VARIANTS = ("f4", "m6")
 HELD_OUT_FLITE = ("rms",)
@@ -344,12 +352,15 @@ class VoiceMix:
 
     voices: tuple[str, ...]
     flite_share: float | None = None
+    channel: float = 0.0  # share of clips played through a drawn room and channel (`channel()`)
 
     def __post_init__(self):
         if not self.voices:
             raise ValueError("a VoiceMix needs at least one voice")
         if self.flite_share is not None and not 0.0 <= self.flite_share <= 1.0:
             raise ValueError(f"flite_share is a share from 0 to 1 (or None), got {self.flite_share!r}")
+        if not 0.0 <= self.channel <= 1.0:
+            raise ValueError(f"channel is a share from 0 to 1, got {self.channel!r}")
         if self.flite_share is not None and not (self.flite and self.espeak):
             raise ValueError("a VoiceMix with a flite_share needs flite and espeak-ng voices both")
 
@@ -370,8 +381,12 @@ class VoiceMix:
 # "core": the voices of the demo runs up to 13 (every voice equally likely: flite speaks 4 clips in 70).
 # "wide": espeak-ng's named variants as well, and flite on a fifth of the clips (its held-out rms
 # was the hardest test voice). "core-flite": the core voices, flite on a fifth of the clips.
+# "broad": the wide voices, 70 % of clips through a drawn room and channel (reverberation,
+# telephone band, microphone colouring; `channel()`), so that what does not matter varies. No
+# festival voice: festival is the family the broad mix leaves out, to measure unseen voices on.
 VOICE_MIXES = {"core": VoiceMix(CORE_VOICES), "wide": VoiceMix(TRAIN_VOICES, flite_share=0.2),
-               "core-flite": VoiceMix(CORE_VOICES, flite_share=0.2)}
+               "core-flite": VoiceMix(CORE_VOICES, flite_share=0.2),
+               "broad": VoiceMix(TRAIN_VOICES, flite_share=0.2, channel=0.7)}
 HELD_OUT = VoiceMix(TEST_VOICES)  # validation and test: every held-out voice equally likely
 
 
@@ -423,8 +438,27 @@ def train_sentences(n: int, seed: int = 0) -> list[str]:
 
 def _items(texts, mix: VoiceMix, seed, label):
     rng = _rng(seed, label + "-voices")
-    return [{"text": t, "voice": mix.pick(rng),
-             "seed": int(_rng(seed, label, i).integers(2 ** 31))} for i, t in enumerate(texts)]
+    items = [{"text": t, "voice": mix.pick(rng),
+              "seed": int(_rng(seed, label, i).integers(2 ** 31))} for i, t in enumerate(texts)]
+    return _with_channel(items, mix, seed, label)
+
+
+def _with_channel(items: list[dict], mix: VoiceMix, seed, label) -> list[dict]:
+    """Marks mix.channel of the items `"channel": True` (drawn from a stream of their own, so the
+    voices and seeds of a mix without channel draws are what they always were)."""
+    if not mix.channel:
+        return items
+    draws = _rng(seed, label + "-channel").random(len(items))
+    return [{**it, "channel": True} if d < mix.channel else it for it, d in zip(items, draws)]
+
+
+def family_items(family: str, n: int, seed: int = 0) -> list[dict]:
+    """The first n test sentences (`test_items`'s), spoken in turn by each voice of a synthesiser
+    family (`FAMILIES`): what a model trained without that family is scored on."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown synthesiser family {family!r}: expected one of {sorted(FAMILIES)}")
+    voices = FAMILIES[family]
+    return [{**it, "voice": voices[i % len(voices)]} for i, it in enumerate(test_items(n, seed))]
 
 
 def train_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
@@ -466,7 +500,7 @@ def synthesize(text: str, voice: str, rng: np.random.Generator) -> np.ndarray:
     """Speak text with a voice ("espeak-ng/en-us+f2" or "flite/slt"), float32 16 kHz.
 
     Speed and pitch are drawn from rng: espeak-ng 130-220 wpm, pitch 30-70; flite duration
-    stretch 0.8-1.25 and a mean F0 shift of +-15 %.
+    stretch 0.8-1.25 and a mean F0 shift of +-15 %; festival duration stretch 0.8-1.25.
     """
     engine, _, name = voice.partition("/")
     with tempfile.TemporaryDirectory() as tmp:
@@ -479,8 +513,16 @@ def synthesize(text: str, voice: str, rng: np.random.Generator) -> np.ndarray:
             base_f0 = 170.0 if name == "slt" else 105.0
             cmd = ["flite", "-voice", name, "--setf", f"duration_stretch={stretch:.3f}",
                    "--setf", f"int_f0_target_mean={base_f0 * f0:.1f}", "-t", text, "-o", path]
+        elif engine == "festival":
+            stretch = rng.uniform(0.8, 1.25)
+            script = os.path.join(tmp, "text.txt")
+            with open(script, "w") as f:
+                f.write(text)
+            cmd = ["text2wave", "-eval", f"(voice_{name})", "-eval",
+                   f"(Parameter.set 'Duration_Stretch {stretch:.3f})", "-o", path, script]
         else:
-            raise ValueError(f"unknown voice {voice!r}: expected 'espeak-ng/<voice>' or 'flite/<voice>'")
+            raise ValueError(f"unknown voice {voice!r}: expected 'espeak-ng/<voice>', 'flite/<voice>' "
+                             "or 'festival/<voice>'")
         subprocess.run(cmd, check=True, capture_output=True)
         audio, rate = _read_wav(path)
     if rate != RATE:
@@ -595,12 +637,81 @@ def augment(audio: np.ndarray, rng: np.random.Generator, record: dict | None = N
     return (out / peak * 0.99 if peak > 0.99 else out).astype(np.float32)
 
 
-def make_clip(text: str, voice: str, seed: int) -> np.ndarray:
-    """One augmented clip: float32 mono at 16 kHz, a pure function of (text, voice, seed)."""
+def channel(audio: np.ndarray, rng: np.random.Generator, record: dict | None = None) -> np.ndarray:
+    """Speech as a room, a line and a microphone pass it on, each drawn from rng (clean speech in,
+    the same length out, float32 16 kHz):
+
+    - reverberation (half the clips): a room impulse response of exponentially decaying noise after
+      a direct path, RT60 0.15-0.9 s, direct-to-reverberant ratio 0-12 dB;
+    - a telephone line (a quarter): 300-3400 Hz band, through 8 kHz, mu-law 8-bit on half of them;
+    - microphone colouring (seven in ten): one peaking band of +-9 dB at 150-5000 Hz and a first
+      order tilt (a high-pass at 60-400 Hz or a low-pass at 2.5-7 kHz).
+    If record is a dict, what was drawn goes in it.
+    """
+    from scipy.signal import butter, fftconvolve, lfilter, sosfilt  # tools only
+
+    drawn: dict = {}
+    out = audio.astype(np.float64)
+    if rng.random() < 0.5:
+        rt60, drr_db = rng.uniform(0.15, 0.9), rng.uniform(0.0, 12.0)
+        t = np.arange(int(rt60 * RATE)) / RATE
+        tail = rng.standard_normal(len(t)) * np.exp(-6.9 * t / rt60)  # -60 dB at rt60
+        tail *= np.sqrt(10 ** (-drr_db / 10) / np.sum(tail ** 2))
+        rir = np.concatenate([[1.0], np.zeros(int(rng.integers(16, 160))), tail])
+        out = fftconvolve(out, rir)[:len(out)]
+        drawn.update(rt60=rt60, drr_db=drr_db)
+    if rng.random() < 0.25:
+        out = sosfilt(butter(6, [300, 3400], "bandpass", fs=RATE, output="sos"), out)
+        narrow = soxr.resample(out, RATE, 8000, quality="HQ")
+        if rng.random() < 0.5:
+            peak = float(np.max(np.abs(narrow))) or 1.0
+            mu = np.sign(narrow / peak) * np.log1p(255 * np.abs(narrow / peak)) / np.log1p(255)
+            mu = np.round(mu * 127) / 127
+            narrow = np.sign(mu) * np.expm1(np.abs(mu) * np.log1p(255)) / 255 * peak
+            drawn["mu_law"] = True
+        out = soxr.resample(narrow, 8000, RATE, quality="HQ")[:len(audio)]
+        out = np.pad(out, (0, len(audio) - len(out)))
+        drawn["telephone"] = True
+    if rng.random() < 0.7:
+        centre, gain_db, q = rng.uniform(150, 5000), rng.uniform(-9, 9), rng.uniform(0.7, 3.0)
+        out = lfilter(*_peaking(centre, gain_db, q), out)
+        if rng.random() < 0.5:
+            corner = rng.uniform(60, 400)
+            out = sosfilt(butter(1, corner, "highpass", fs=RATE, output="sos"), out)
+        else:
+            corner = rng.uniform(2500, 7000)
+            out = sosfilt(butter(1, corner, "lowpass", fs=RATE, output="sos"), out)
+        drawn.update(eq_hz=centre, eq_db=gain_db, tilt_hz=corner)
+    if record is not None:
+        record.update(drawn)
+    peak = float(np.max(np.abs(out))) if len(out) else 0.0
+    return (out / peak * 0.99 if peak > 0.99 else out).astype(np.float32)
+
+
+def _peaking(centre: float, gain_db: float, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """(b, a) of the audio EQ cookbook's peaking biquad at 16 kHz."""
+    a_gain, w0 = 10 ** (gain_db / 40), 2 * np.pi * centre / RATE
+    alpha = np.sin(w0) / (2 * q)
+    b = np.array([1 + alpha * a_gain, -2 * np.cos(w0), 1 - alpha * a_gain])
+    a = np.array([1 + alpha / a_gain, -2 * np.cos(w0), 1 - alpha / a_gain])
+    return b / a[0], a / a[0]
+
+
+def _channel_rng(seed: int) -> np.random.Generator:
+    """The channel's own draws: a clip with and without `channel` shares every other draw."""
+    return np.random.default_rng([int(seed), 0xC4A7])
+
+
+def make_clip(text: str, voice: str, seed: int, with_channel: bool = False) -> np.ndarray:
+    """One augmented clip: float32 mono at 16 kHz, a pure function of (text, voice, seed); with
+    with_channel, played through a drawn room and channel (`channel()`) before the augmentation."""
     if not text.strip():
         raise ValueError("make_clip needs non-empty text")
     rng = np.random.default_rng(int(seed))
-    return augment(synthesize(text, voice, rng), rng)
+    speech = synthesize(text, voice, rng)
+    if with_channel:
+        speech = channel(speech, _channel_rng(seed))
+    return augment(speech, rng)
 
 
 def test_clips(n: int, seed: int = 0) -> list[tuple[np.ndarray, str]]:
@@ -655,7 +766,7 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30, voices: str = "core
                 estimate += 0.36 * len(parts[-1].split()) + 0.8  # ~170 wpm plus the pause
         items.append({"kind": "multi" if r < multi else "long", "parts": parts,
                       "voice": mix.pick(rng), "seed": seed_i})
-    return items
+    return _with_channel(items, mix, seed, "mixed")
 
 
 def spliced_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
@@ -665,8 +776,9 @@ def spliced_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
     dictating word by word says it, and as the word-timestamp tests build their clips."""
     rng, reserved, mix = _rng(seed, "spliced"), _reserved(seed), voice_mix(voices)
     source = _rng(seed, "spliced-sentences")
-    return [{"kind": "spliced", "source": _fresh_sentence(source, reserved), "voice": mix.pick(rng),
-             "seed": int(_rng(seed, "spliced", i).integers(2 ** 31))} for i in range(n)]
+    items = [{"kind": "spliced", "source": _fresh_sentence(source, reserved), "voice": mix.pick(rng),
+              "seed": int(_rng(seed, "spliced", i).integers(2 ** 31))} for i in range(n)]
+    return _with_channel(items, mix, seed, "spliced")
 
 
 @lru_cache(maxsize=1)
@@ -705,7 +817,7 @@ def scrambled_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
         if text not in reserved:
             items.append({"text": text, "voice": voice,
                           "seed": int(_rng(seed, "scrambled", len(items)).integers(2 ** 31))})
-    return items
+    return _with_channel(items, mix, seed, "scrambled")
 
 
 def speech_span(audio: np.ndarray, floor_db: float = 40.0) -> tuple[int, int]:
@@ -765,8 +877,8 @@ def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, 
             keep += 1
         nxt = next((s for s in starts[keep + 1:] if s > 0), len(speech))
         cut = starts[keep] + int(rng.uniform(0.0, 0.4) * (nxt - starts[keep])) if keep < len(words) else len(speech)
-        audio = soxr.resample(speech[:cut], rate, RATE, quality="HQ")
-        return augment(audio.astype(np.float32), rng, trailing=False), _prefix_text(words[:keep])
+        audio = _channelled(item, soxr.resample(speech[:cut], rate, RATE, quality="HQ").astype(np.float32))
+        return augment(audio, rng, trailing=False), _prefix_text(words[:keep])
     if item["kind"] == "spliced":
         voice_seed = int(rng.integers(2 ** 31))  # one speed and pitch for every word of the clip
         pieces, placed, at = [], [], 0
@@ -780,7 +892,7 @@ def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, 
             placed.append((at, at + last - first))
             at += last - first
         drawn: dict = {}
-        audio = augment(np.concatenate(pieces), rng, record=drawn)
+        audio = augment(_channelled(item, np.concatenate(pieces)), rng, record=drawn)
         if spans is not None:
             lead = int(drawn["lead"] * RATE)  # augment's leading silence, as it cuts it
             spans += [(lead + a, lead + b) for a, b in placed]
@@ -794,7 +906,12 @@ def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, 
         pieces += [gap, speech] if texts else [speech]
         texts.append(part)
         total += len(speech) + (len(gap) if k else 0)
-    return augment(np.concatenate(pieces), rng), " ".join(texts)
+    return augment(_channelled(item, np.concatenate(pieces)), rng), " ".join(texts)
+
+
+def _channelled(item: dict, speech: np.ndarray) -> np.ndarray:
+    """speech through the item's drawn channel when the spec asks for one."""
+    return channel(speech, _channel_rng(item["seed"])) if item.get("channel") else speech
 
 
 # ---------------------------------------------------------------------------------------------
@@ -818,7 +935,7 @@ def _write_one(args) -> dict:
                     json.dump(spans, f)
                 os.replace(timed + ".tmp", timed)
         else:
-            audio = make_clip(item["text"], item["voice"], item["seed"])
+            audio = make_clip(item["text"], item["voice"], item["seed"], bool(item.get("channel")))
         pcm = np.clip(np.round(audio * 32767), -32768, 32767).astype("<i2")
         tmp = path + ".tmp"
         with wave.open(tmp, "wb") as w:

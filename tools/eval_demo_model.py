@@ -8,6 +8,10 @@ compared on what the issue measures rather than on validation loss. The clips ar
 their specs (`demo_data.make_clip`) and cached as one .npz under `--cache` (git-ignored work-data/
 by default), so a second candidate is scored in seconds.
 
+`--split festival` (or `flite`, `espeak-ng`) scores the test sentences spoken in turn by every voice
+of that synthesiser family (`demo_data.FAMILIES`): for a model whose training left the family out,
+its leave-one-family-out figure, the measure of voices it never heard.
+
 `--split validation` scores the 100 validation clips instead (held-out sentences and voices, none
 of them in the test split): pick among candidates (checkpoint-average weights, second stages) there,
 then report the chosen one on the test split, so its test figures are not tuned on the test clips.
@@ -36,11 +40,15 @@ def _spec_keys(items: list[dict]) -> list[str]:
     return [f"{it['voice']}|{it['seed']}|{it['text']}" for it in items]
 
 
-SPLITS = {"test": ("test_items", 300), "validation": ("validation_items", demo_data.VALIDATION)}  # specs, most clips
+SPLITS = {"test": ("test_items", 300), "validation": ("validation_items", demo_data.VALIDATION),  # specs, most clips
+          **{family: ("family_items", 300) for family in demo_data.FAMILIES}}
 
 
 def split_items(split: str, n: int, seed: int) -> list[dict]:
-    """The first n clip specs of a held-out split."""
+    """The first n clip specs of a held-out split, or of the test sentences spoken by a synthesiser
+    family's voices (`demo_data.family_items`) when split names a family."""
+    if split in demo_data.FAMILIES:
+        return demo_data.family_items(split, n, seed)
     return getattr(demo_data, SPLITS[split][0])(n, seed)
 
 
@@ -56,7 +64,11 @@ def cached_clips(n: int, seed: int, cache: str, split: str = "test") -> list[tup
         if len(specs) >= n and specs[:n] == _spec_keys(items):
             bounds = np.concatenate([[0], np.cumsum(saved["lengths"])])
             return [(saved["audio"][bounds[i]:bounds[i + 1]], it["text"]) for i, it in enumerate(items)]
-    clips = [(demo_data.make_clip(it["text"], it["voice"], it["seed"]), it["text"]) for it in items]
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(2) as pool:
+        audio = list(pool.map(demo_data.make_clip, *zip(*[(it["text"], it["voice"], it["seed"]) for it in items]),
+                              chunksize=8))
+    clips = list(zip(audio, [it["text"] for it in items]))
     os.makedirs(cache, exist_ok=True)
     np.savez(path + ".tmp.npz", audio=np.concatenate([a for a, _ in clips]),
              lengths=np.array([len(a) for a, _ in clips]), specs=np.array(_spec_keys(items)))
@@ -65,7 +77,8 @@ def cached_clips(n: int, seed: int, cache: str, split: str = "test") -> list[tup
 
 
 def voice_group(voice: str) -> str:
-    """The held-out variant a test voice is built on: '+f4', '+m6' or the flite voice."""
+    """The variant an espeak-ng voice is built on ('+f4', '+m6') or the voice's name ('rms',
+    'kal_diphone')."""
     return "+" + voice.rsplit("+", 1)[-1] if "+" in voice else voice.split("/", 1)[-1]
 
 
@@ -89,7 +102,8 @@ def main(argv=None) -> None:
     ap.add_argument("cact", help="the candidate .cact")
     ap.add_argument("--clips", type=int, default=200, help="held-out clips (the test uses 200 test clips)")
     ap.add_argument("--split", choices=sorted(SPLITS), default="test",
-                    help="test (the README's measure) or validation (to choose among candidates)")
+                    help="test (the README's measure), validation (to choose among candidates) or a synthesiser "
+                         "family (voices a model trained without them never heard)")
     ap.add_argument("--beams", default="1,5", help="comma-separated beam counts")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=str(ROOT / "work-data" / "eval"))

@@ -1,10 +1,11 @@
-"""The `whistle-stream` command: info, download, transcribe, serve.
+"""The `whistle-stream` command: info, download, transcribe, warm, serve.
 
     whistle-stream info [MODEL] [--json]
     whistle-stream download [--force] [--quiet]
     whistle-stream transcribe FILE [FILE ...] [--format txt|json|srt|vtt] [--output-dir DIR]
                               [--by utterances|windows] [--model PATH] [--language CODE]
                               [--keyword PHRASE ...] [--word-timestamps] [--beams N]
+    whistle-stream warm [--model PATH] [--all-tiers]
     whistle-stream serve ...          (the WebSocket service; its own options)
 
 Errors the engine raises on purpose (`WhistleError`) print one line to stderr and exit with 2.
@@ -75,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--json", action="store_true", help="the same as --format json")
     transcribe.add_argument("--no-progress", action="store_true",
                             help="no progress bar (it is shown only when stderr is a terminal)")
+
+    warm = commands.add_parser("warm", help="compile the engine's kernels into the JIT cache (NUMBA_CACHE_DIR), "
+                                            "so a process started later is ready in seconds")
+    warm.add_argument("--model", help="model file (default: as `transcribe --model`)")
+    warm.add_argument("--all-tiers", action="store_true",
+                      help="compile for every CPU tier this machine can run (WHISTLE_JIT_TARGET=portable then "
+                           "loads the cache on any CPU of those tiers: what an image ships)")
 
     commands.add_parser("serve", help="run the WebSocket service (`whistle-stream serve --help` for its options)",
                         add_help=False)
@@ -245,6 +253,37 @@ def _as_dict(result) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# warm
+
+def _warm(args: argparse.Namespace) -> None:
+    """Compile the kernels for the CPU target WHISTLE_JIT_TARGET chooses; with --all-tiers, in one
+    child process per tier the host can run (a tier above the host's cannot run its warm-up)."""
+    import os
+    import subprocess
+    import time
+
+    from .kernels import _target
+
+    if not args.all_tiers:
+        from . import Whistle
+
+        seconds = Whistle(args.model).warmup()
+        print(f"warm: {_target.chosen() or 'host CPU'} in {seconds:.1f} s")
+        return
+    runnable = list(_target.TIERS)[list(_target.TIERS).index(_target.host_tier()):]
+    for tier in _target.TIERS:
+        if tier not in runnable:
+            print(f"warm: {tier} skipped: this CPU cannot run it (build on a CPU of that tier to ship it)")
+            continue
+        t0 = time.perf_counter()
+        cmd = [sys.executable, "-m", "whistle_stream.cli", "warm"] + (["--model", args.model] if args.model else [])
+        done = subprocess.run(cmd, env={**os.environ, _target.ENV: tier})
+        if done.returncode:
+            raise WhistleError(f"warming the {tier} tier failed (exit status {done.returncode})")
+        print(f"warm: {tier} done in {time.perf_counter() - t0:.1f} s (process and model load included)")
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `whistle-stream` console script; returns the exit status."""
@@ -268,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _print_info(info)
         elif args.command == "download":
             print(models.download(force=args.force, progress=not args.quiet))
+        elif args.command == "warm":
+            _warm(args)
         elif args.command == "transcribe":
             try:
                 _transcribe(args)

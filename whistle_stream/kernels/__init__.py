@@ -19,8 +19,10 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from . import _target
 from ._cache import drop_stale
 
+_target.configure()                 # the CPU the kernels compile for: before any compiles or loads
 drop_stale(Path(__file__).parent)   # before any kernel of the package loads from the cache
 
 from .simd import LANES, _dot5  # noqa: E402

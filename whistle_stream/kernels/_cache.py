@@ -52,6 +52,9 @@ def drop_stale(package_dir: Path) -> int:
         except OSError:
             pass
         try:
+            # a folder Numba has not made yet gets its stamp now: else the first process's cache
+            # would find no stamp in the next process and be dropped
+            folder.mkdir(parents=True, exist_ok=True)
             for path in folder.iterdir():
                 if path.suffix in CACHE_SUFFIXES:
                     path.unlink()

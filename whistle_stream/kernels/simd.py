@@ -14,7 +14,7 @@ Lane width and table lookup follow the CPU Numba compiles for: 16 lanes + AVX-51
 8 lanes + AVX2 vpermps, or 8 lanes and a portable select chain. WHISTLE_SIMD=avx512|avx2|generic
 overrides the choice (tests run each path; a path the CPU lacks cannot run; compiled kernels are
 cached per CPU, so set NUMBA_CACHE_DIR apart when forcing a path). An unknown value is reported
-and ignored.
+and ignored. Compiling for a fixed tier (`_target`, WHISTLE_JIT_TARGET) takes that tier's path.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from numba import config, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import _target
+
 _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 PATHS = ("avx512", "avx2", "generic")
 
@@ -39,7 +41,10 @@ def _choose_path() -> str:
     if forced:
         warnings.warn(f"WHISTLE_SIMD must be one of {', '.join(PATHS)}, got {forced!r}; choosing from the CPU",
                       RuntimeWarning, stacklevel=2)
-    if config.CPU_NAME or config.CPU_FEATURES:  # a cross-compiled (portable) cache: no x86 intrinsics
+    tier_path = _target.simd_path()
+    if tier_path is not None:  # compiling for a fixed tier (`_target`): that tier's instructions
+        return tier_path
+    if config.CPU_NAME or config.CPU_FEATURES:  # some other cross-compiled target: no x86 intrinsics
         return "generic"
     features = llvm_binding.get_host_cpu_features()
     if features.get("avx512f"):
