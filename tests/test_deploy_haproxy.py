@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.balancer import Balancer
 from fakes import FakeWhistle, start_server_process, stream_reference
 from whistle_stream.clients.client import ListenClient, SessionEnded
 from whistle_stream.service import protocol as P
@@ -38,35 +39,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def loopback_config(servers: dict[str, int], port: int, stats: int) -> str:
-    """docker/haproxy.cfg with loopback addresses: the replicas as static servers instead of Docker
-    DNS, the frontends bound to loopback ports. Every other line is the shipped one."""
-    text = (ROOT / "docker/haproxy.cfg").read_text()
-    swaps = [("    bind :8000\n", f"    bind 127.0.0.1:{port}\n"),
-             ("    bind :8404\n", f"    bind 127.0.0.1:{stats}\n"),
-             (" resolvers docker init-addr none", ""),
-             ("    server-template whistle 16 whistle:8000\n",
-              "".join(f"    server {name} 127.0.0.1:{p}\n" for name, p in servers.items()))]
-    for old, new in swaps:
-        assert old in text, f"docker/haproxy.cfg changed: {old!r} is gone; update this test"
-        text = text.replace(old, new)
-    start = text.index("resolvers docker")
-    return text[:start] + text[text.index("frontend listen"):]
-
-
 class Fleet:
     def __init__(self, tmp: Path, replicas: int = 3):
         self.ports = {f"whistle{i}": free_port() for i in range(replicas)}
         self.procs: dict[str, subprocess.Popen] = {}
         self.lb_port, self.stats_port = free_port(), free_port()
-        cfg = tmp / "haproxy.cfg"
-        cfg.write_text(loopback_config(self.ports, self.lb_port, self.stats_port))
         for name in self.ports:
             self.start(name)
-        self.haproxy = subprocess.Popen(["haproxy", "-f", str(cfg), "-db"], stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True)
-        self.log: list[str] = []
-        threading.Thread(target=lambda: self.log.extend(self.haproxy.stdout), daemon=True).start()
+        self.balancer = Balancer(tmp, self.ports, self.lb_port, self.stats_port)
+        self.log = self.balancer.log
         self.wait_up(list(self.procs))
 
     @property
@@ -80,16 +61,7 @@ class Fleet:
         self.procs[name] = proc
 
     def states(self) -> dict[str, str]:
-        """HAProxy's view of each server (its stats CSV): UP, DOWN, MAINT..."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=2) as r:
-            rows = r.read().decode().splitlines()
-        head = rows[0].lstrip("# ").split(",")
-        out = {}
-        for row in rows[1:]:
-            cells = dict(zip(head, row.split(",")))
-            if cells.get("pxname") == "whistle" and cells.get("svname", "").startswith("whistle"):
-                out[cells["svname"]] = cells["status"].split(" ")[0]
-        return out
+        return self.balancer.states()
 
     def sessions(self, name: str) -> int:
         port = self.ports[name]
@@ -100,20 +72,10 @@ class Fleet:
         return 0
 
     def wait_up(self, names, timeout=20.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                states = self.states()
-                if all(states.get(n) == "UP" for n in names):
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"not all of {names} came up: {self.states()}")
+        self.balancer.wait_up(names, timeout)
 
     def close(self):
-        self.haproxy.terminate()
-        self.haproxy.wait(10)
+        self.balancer.close()
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
@@ -211,3 +173,49 @@ def test_the_shipped_balancer_spreads_sessions_and_survives_kills_restarts_and_a
     assert late_client.transcript == stream_reference(FakeWhistle(), audio_of(6.0, seed=99))
     logged = [line for line in fleet.log if "/v1/listen" in line]
     assert logged and not any("leak-me" in line for line in fleet.log)
+
+
+def test_the_shipped_balancer_terminates_tls_when_given_a_certificate(tmp_path):
+    """WHISTLE_TLS_CERT turns on the config's TLS listener: https and a session over wss through it, with the token kept out of HAProxy's log as on plain http."""
+    import ssl
+
+    import websockets
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    pem = tmp_path / "whistle.pem"
+    pem.write_bytes(cert.read_bytes() + key.read_bytes())
+    proc, url = start_server_process("--token", "tls-token-0123")
+    threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()
+    tls_port = free_port()
+    balancer = Balancer(tmp_path, {"whistle0": int(url.rsplit(":", 1)[1])}, free_port(), free_port(),
+                        tls_port=tls_port, cert=str(pem))
+    try:
+        balancer.wait_up(["whistle0"])
+        trust = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(f"https://127.0.0.1:{tls_port}/healthz", context=trust, timeout=5) as page:
+            assert page.status == 200
+
+        async def session():
+            async with websockets.connect(f"wss://127.0.0.1:{tls_port}/v1/listen?token=tls-token-0123&vad=false",
+                                          ssl=trust) as ws:
+                ready = P.decode_server(await ws.recv())
+                await ws.send(json.dumps({"type": "close"}))
+                ends = [P.decode_server(m) async for m in ws]
+                return ready, ends
+
+        ready, ends = asyncio.run(session())
+        assert isinstance(ready, P.Ready) and isinstance(ends[-1], P.Final)
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # TLS for real
+            urllib.request.urlopen(f"https://127.0.0.1:{tls_port}/healthz", context=ssl.create_default_context(),
+                                   timeout=5)
+    finally:
+        balancer.close()
+        proc.kill()
+        proc.wait()
+    logged = [line for line in balancer.log if "/v1/listen" in line]
+    assert logged and not any("tls-token" in line for line in balancer.log)

@@ -19,13 +19,20 @@ KUBERNETES_VERSION = "1.33.0"
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 
-@pytest.fixture(scope="module")
-def objects() -> list[dict]:
+OVERLAYS = sorted(p.name for p in (ROOT / "deploy/kubernetes/overlays").iterdir())
+
+
+def build(overlay: str) -> list[dict]:
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed (.ci/run installs it)")
-    built = subprocess.run(["kubectl", "kustomize", str(ROOT / "deploy/kubernetes/overlays/example")],
+    built = subprocess.run(["kubectl", "kustomize", str(ROOT / "deploy/kubernetes/overlays" / overlay)],
                            capture_output=True, text=True, check=True).stdout
     return [d for d in yaml.safe_load_all(built) if d]
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def objects(request) -> list[dict]:
+    return build(request.param)
 
 
 def by_kind(objects, kind):
@@ -34,7 +41,7 @@ def by_kind(objects, kind):
 
 
 def test_every_object_validates_against_the_kubernetes_schemas(objects):
-    kinds = sorted(o["kind"] for o in objects)
+    kinds = sorted(set(o["kind"] for o in objects) - {"PersistentVolumeClaim"})
     assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Ingress", "Namespace",
                      "PodDisruptionBudget", "Secret", "Service"]
     for obj in objects:
@@ -76,3 +83,33 @@ def test_the_ingress_keeps_websockets_open_longer_than_a_session(objects):
     assert int(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 3600
     size = annotations["nginx.ingress.kubernetes.io/proxy-body-size"]
     assert int(re.match(r"(\d+)m", size).group(1)) << 20 >= ServiceConfig().max_upload_bytes
+
+
+def test_the_pod_starts_with_the_images_compiled_kernels(objects):
+    """The cache volume hides the image's kernels at NUMBA_CACHE_DIR: an init container of the same
+    image copies them from that path into the volume the server mounts there."""
+    pod = by_kind(objects, "Deployment")["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    (init,) = pod["initContainers"]
+    cache = {e["name"]: e for e in server["env"]}["NUMBA_CACHE_DIR"]["value"]
+    assert init["image"] == server["image"]
+    volume = next(m for m in server["volumeMounts"] if cache.startswith(m["mountPath"] + "/"))
+    seed = next(m for m in init["volumeMounts"] if m["name"] == volume["name"])
+    copy = init["command"][-1]
+    inside = cache[len(volume["mountPath"]):]                       # /numba
+    assert f"cp -a {cache}/. {seed['mountPath']}{inside}/" in copy
+    dockerfile = (ROOT / "docker/Dockerfile").read_text()
+    assert "WHISTLE_JIT_TARGET=portable" in dockerfile and "whistle-stream warm --all-tiers" in dockerfile
+
+
+def test_the_full_model_overlay_reads_the_model_from_a_read_only_volume():
+    objects = build("full-model")
+    config = by_kind(objects, "ConfigMap")["data"]
+    model = Path(config["WHISTLE_MODEL"])
+    pod = by_kind(objects, "Deployment")["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    mount = next(m for m in server["volumeMounts"] if m["mountPath"] == str(model.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    claim = by_kind(objects, "PersistentVolumeClaim")
+    assert mount["readOnly"] and volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert int(config["WHISTLE_MAX_SESSIONS"]) < int(by_kind(build("example"), "ConfigMap")["data"]["WHISTLE_MAX_SESSIONS"])

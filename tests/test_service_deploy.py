@@ -4,10 +4,20 @@ from pathlib import Path
 
 import pytest
 
+import re
+import tomllib
+
+from whistle_stream import cli, models
+from whistle_stream.kernels import _target
 from whistle_stream.service.config import ServiceConfig, env_name
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 ROOT = DOCKER.parent
+
+
+# Every setting a deployment may set: the service's, and the engine's model and JIT target.
+KNOWN = ({env_name(name) for name in ServiceConfig.__dataclass_fields__}
+         | {models.ENV_MODEL, _target.ENV, "NUMBA_CACHE_DIR"})
 
 
 def test_the_dockerfile_copies_existing_paths_and_checks_readiness():
@@ -15,14 +25,30 @@ def test_the_dockerfile_copies_existing_paths_and_checks_readiness():
     copies = [line.split()[1] for line in text.splitlines() if line.startswith("COPY ")]
     assert copies and all((ROOT / p).exists() for p in copies)
     assert "/readyz" in text and 'CMD ["whistle-stream", "serve"]' in text and "STOPSIGNAL SIGTERM" in text
+    env = dict(re.findall(r"^\s+(\w+)=(\S+?)\s*\\?$", text.split("ENV ", 1)[1].split("\n\n")[0], re.M))
+    assert {n for n in env if n.startswith(("WHISTLE_", "NUMBA_"))} <= KNOWN and env[_target.ENV] == "portable"
+
+
+def test_the_commands_the_image_runs_exist():
+    """The console script the image runs is the package's, and its warm and serve commands parse."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["whistle-stream"] == "whistle_stream.cli:main"
+    text = (DOCKER / "Dockerfile").read_text()
+    (warm,) = re.findall(r"whistle-stream (warm[^;\n]*)", text)
+    args = cli.build_parser().parse_args(warm.split())
+    assert args.command == "warm" and args.all_tiers
+    import argparse
+
+    from whistle_stream.service.config import add_serve_arguments, config_from_args
+    serve = add_serve_arguments(argparse.ArgumentParser()).parse_args([])
+    assert config_from_args(serve, environ={}).port == int(re.search(r"WHISTLE_PORT=(\d+)", text).group(1))
 
 
 def test_compose_sets_only_real_settings_and_outlives_the_drain():
     yaml = pytest.importorskip("yaml")
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     service = compose["services"]["whistle"]
-    known = {env_name(name) for name in ServiceConfig.__dataclass_fields__}
-    assert set(service["environment"]) <= known
+    assert set(service["environment"]) <= KNOWN
     grace = int(service["stop_grace_period"].rstrip("s"))
     assert grace > int(service["environment"]["WHISTLE_DRAIN_TIMEOUT"])
     assert "replicas" in service["deploy"]
@@ -33,3 +59,17 @@ def test_the_load_balancer_routes_by_readiness_and_keeps_websockets_open():
     cfg = (DOCKER / "haproxy.cfg").read_text()
     assert "option httpchk GET /readyz" in cfg and "balance leastconn" in cfg
     assert "timeout tunnel" in cfg and "server-template whistle" in cfg
+
+
+def test_compose_mounts_the_full_model_and_the_certificate_where_its_settings_point():
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    whistle, lb = compose["services"]["whistle"], compose["services"]["lb"]
+    (models_mount,) = [v for v in whistle["volumes"] if v.endswith(":/models:ro")]
+    assert (DOCKER / models_mount.split(":")[0]).is_dir()
+    assert "/models/whistle.cact" in (DOCKER / "compose.yaml").read_text()   # the documented WHISTLE_MODEL
+    (certs,) = [v for v in lb["volumes"] if v.endswith(":/certs:ro")]
+    assert (DOCKER / certs.split(":")[0]).is_dir()
+    assert set(lb["environment"]) == {"WHISTLE_TLS_CERT"}
+    assert '"$WHISTLE_TLS_CERT"' in (DOCKER / "haproxy.cfg").read_text()
+    assert any(p.endswith(":8443") for p in lb["ports"])
