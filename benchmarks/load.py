@@ -4,6 +4,7 @@
     python benchmarks/load.py --sweep 4,8,16,24,32             # largest N that stays real time
     python benchmarks/load.py --url ws://host:8000 --sessions 8
     python benchmarks/load.py --fake --sessions 16             # the fake engine (tests/fakes.py), a smoke run
+    python benchmarks/load.py --replicas 3 --sweep 8,16,24     # one replica alone, then 3 behind HAProxy
 
 Audio: --wav, else held-out demo sentences with pauses (what the bundled model reads steadily), or
 with --audio espeak espeak-ng reading text outside its vocabulary. Each stream sends its audio in
@@ -12,6 +13,12 @@ measured at the client: the time a word arrives in a `committed` message minus t
 audio was sent. Pass time comes from the server's /metrics histogram (the delta over the run),
 CPU from the server process when this script started it (else the whole machine). A level is
 "sustained" when every stream ends without an error and p95 commit latency is under --target-p95.
+
+--replicas R measures the sweep twice in one run: against one replica alone, then against R
+replicas behind Debian's HAProxy running the shipped docker/haproxy.cfg on loopback
+(tests/harness/balancer.py), and prints the ratio of their largest sustained N. On one machine
+the replicas share its cores, so the ratio shows what the balancer costs, not what more machines
+give (3x on three machines is the ideal).
 """
 
 from __future__ import annotations
@@ -92,6 +99,15 @@ def histogram(text: str, name: str) -> dict[float, float]:
     return out
 
 
+def _summed(scrapes: list[str], name: str = "whistle_pass_seconds") -> dict[float, float]:
+    """One histogram over several servers' scrapes: the sum of each bucket."""
+    out: dict[float, float] = {}
+    for text in scrapes:
+        for bound, count in histogram(text, name).items():
+            out[bound] = out.get(bound, 0.0) + count
+    return out
+
+
 def histogram_quantile(before: dict, after: dict, q: float) -> float | None:
     """Quantile of the observations between two scrapes, interpolated within a bucket."""
     bounds = sorted(after)
@@ -152,18 +168,25 @@ def percentile(values, q):
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-async def run_level(url: str, http_url: str, audio: np.ndarray, n: int, token, server_pid) -> dict:
+def _cpu(procs):
     import psutil
-    proc = psutil.Process(server_pid) if server_pid else None
-    before = scrape(http_url)
-    cpu0 = proc.cpu_times() if proc else psutil.cpu_times()
+    times = [p.cpu_times() for p in procs] if procs else [psutil.cpu_times()]
+    return sum(t.user + t.system for t in times)
+
+
+async def run_level(url: str, http_urls: list[str], audio: np.ndarray, n: int, token, server_pids) -> dict:
+    """One level: n streams against url; pass times summed over the servers at http_urls, CPU over
+    server_pids (the whole machine when empty)."""
+    import psutil
+    procs = [psutil.Process(pid) for pid in server_pids]
+    before = [scrape(u) for u in http_urls]
+    cpu0 = _cpu(procs)
     wall0 = time.monotonic()
     # stagger the starts over one step so the passes do not all land at once
     results = await asyncio.gather(*(one_stream(url, audio, token, k / n) for k in range(n)))
     wall = time.monotonic() - wall0
-    cpu1 = proc.cpu_times() if proc else psutil.cpu_times()
-    after = scrape(http_url)
-    busy = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system))
+    busy = _cpu(procs) - cpu0
+    after = [scrape(u) for u in http_urls]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     latencies = [x for r in results for x in r["latencies"]]
     errors = [r["error"] for r in results if r["error"] or r["final"] is None]
@@ -174,8 +197,7 @@ async def run_level(url: str, http_url: str, audio: np.ndarray, n: int, token, s
         "words": len(latencies),
         "commit_p50": percentile(latencies, 50),
         "commit_p95": percentile(latencies, 95),
-        "pass_p95": histogram_quantile(histogram(before, "whistle_pass_seconds"),
-                                       histogram(after, "whistle_pass_seconds"), 0.95),
+        "pass_p95": histogram_quantile(_summed(before), _summed(after), 0.95),
         "cpu_percent": 100.0 * busy / wall,   # percent of one core
         "cores": cores,
         "tail_p95": percentile([r.get("tail_s", float("nan")) for r in results if "tail_s" in r], 95),
@@ -183,7 +205,8 @@ async def run_level(url: str, http_url: str, audio: np.ndarray, n: int, token, s
 
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
-    """Start a server on a free port: the real one (`whistle-stream serve`) or the fake."""
+    """Start a server on a free port: the real one (`whistle-stream serve`) or the fake; returns it
+    and its ws:// URL once it is ready."""
     if args.fake:
         cmd = [sys.executable, str(ROOT / "tests" / "fakes.py"), "serve", "--fake-pass-s", str(args.fake_pass_s)]
     else:
@@ -221,12 +244,65 @@ def print_table(rows, target):
         return "-" if x is None or x != x else f"{x:.{digits}f}s"
 
     for r in rows:
-        ok = r["errors"] == 0 and r["commit_p95"] < target
+        ok = sustained(r, target)
         print(f"{r['sessions']:>4} {r['errors']:>6} {r['words']:>6} {sec(r['commit_p50']):>11} "
               f"{sec(r['commit_p95']):>11} {sec(r['pass_p95'], 3):>9} {r['cpu_percent']:>7.0f} "
               f"{sec(r['tail_p95']):>9}  {'yes' if ok else 'no'}")
         for e in r["error_examples"]:
             print(f"       error: {e}")
+
+
+async def sweep(args, url: str, servers: list[tuple[subprocess.Popen, str]], audio) -> list[dict]:
+    http_urls = ["http" + u[2:] for _, u in servers] or ["http" + url[2:]]
+    rows = []
+    for n in args.levels:
+        row = await run_level(url, http_urls, audio, n, args.token, [p.pid for p, _ in servers])
+        rows.append(row)
+        print(f"N={n}: errors {row['errors']}, words {row['words']}, commit p95 {row['commit_p95']:.2f} s",
+              file=sys.stderr)
+        if args.stop_on_failure and not sustained(row, args.target_p95):
+            break
+    return rows
+
+
+def sustained(row: dict, target: float) -> bool:
+    return row["errors"] == 0 and row["commit_p95"] < target
+
+
+def largest(rows: list[dict], target: float) -> int:
+    return max((r["sessions"] for r in rows if sustained(r, target)), default=0)
+
+
+def stop(servers) -> None:
+    for proc, _ in servers:
+        proc.terminate()
+    for proc, _ in servers:
+        proc.wait(30)
+
+
+async def through_balancer(args, audio) -> list[dict]:
+    """args.replicas servers behind the shipped HAProxy configuration on loopback."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from harness.balancer import Balancer
+
+    if shutil.which("haproxy") is None:
+        raise SystemExit("--replicas needs Debian's haproxy (apt-get install haproxy)")
+    servers = [start_server(args) for _ in range(args.replicas)]
+    names = {f"whistle{i}": int(u.rsplit(":", 1)[1]) for i, (_, u) in enumerate(servers)}
+    with tempfile.TemporaryDirectory() as folder:
+        import socket
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        balancer = Balancer(Path(folder), names, ports[0], ports[1])
+        try:
+            balancer.wait_up(list(names))
+            return await sweep(args, f"ws://127.0.0.1:{ports[0]}", servers, audio)
+        finally:
+            balancer.close()
+            stop(servers)
 
 
 async def amain(args) -> int:
@@ -237,31 +313,31 @@ async def amain(args) -> int:
     if args.seconds:
         reps = int(np.ceil(args.seconds * RATE / len(audio)))
         audio = np.tile(audio, reps)[: int(args.seconds * RATE)]
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = start_server(args)
-    http_url = "http" + url[2:] if url.startswith("ws") else url
-    rows = []
+    servers = [] if args.url else [start_server(args)]
+    url = args.url or servers[0][1]
     try:
-        for n in args.levels:
-            row = await run_level(url, http_url, audio, n, args.token, proc.pid if proc else None)
-            rows.append(row)
-            print(f"N={n}: errors {row['errors']}, words {row['words']}, commit p95 {row['commit_p95']:.2f} s",
-                  file=sys.stderr)
-            if args.stop_on_failure and (row["errors"] or row["commit_p95"] >= args.target_p95):
-                break
+        rows = await sweep(args, url, servers, audio)
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
+        stop(servers)
+    fleet = await through_balancer(args, audio) if args.replicas > 1 else None
+    cores = rows[0]["cores"] if rows else "?"
     print(f"\nclip {len(audio) / RATE:.1f} s per stream, real-time pacing, {FRAME_S * 1000:.0f} ms frames, "
-          f"server {'started here' if proc else url}, {rows[0]['cores'] if rows else '?'} cores")
+          f"server {'started here' if servers else url}, {cores} cores")
+    if fleet is not None:
+        print("\none replica alone:")
     print_table(rows, args.target_p95)
-    ok = [r["sessions"] for r in rows if r["errors"] == 0 and r["commit_p95"] < args.target_p95]
-    print(f"\nlargest sustained N: {max(ok) if ok else 'none'} (p95 commit latency < {args.target_p95:g} s, no errors)")
+    single = largest(rows, args.target_p95)
+    print(f"\nlargest sustained N: {single or 'none'} (p95 commit latency < {args.target_p95:g} s, no errors)")
+    if fleet is not None:
+        print(f"\n{args.replicas} replicas behind HAProxy (docker/haproxy.cfg on loopback), same machine:")
+        print_table(fleet, args.target_p95)
+        several = largest(fleet, args.target_p95)
+        ratio = f"{several / single:.2f}x" if single else "n/a"
+        print(f"\nlargest sustained N: {several or 'none'} through the balancer against {single or 'none'} "
+              f"alone: ratio {ratio} ({args.replicas} replicas sharing {cores} cores)")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"single": rows, "replicas": fleet} if fleet is not None else rows,
+                                              indent=2))
     return 0
 
 
@@ -283,8 +359,12 @@ def main(argv=None) -> int:
     p.add_argument("--stop-on-failure", action="store_true", help="stop the sweep at the first level not sustained")
     p.add_argument("--target-p95", type=float, default=3.0, help="p95 commit latency target, seconds")
     p.add_argument("--token", default=os.environ.get("WHISTLE_TOKEN"))
+    p.add_argument("--replicas", type=int, default=1,
+                   help="also run the sweep against this many replicas behind HAProxy, in the same run")
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
+    if args.replicas < 1 or (args.replicas > 1 and args.url):
+        p.error("--replicas is 1 or more, and starts its servers here (not with --url)")
     args.levels = [int(x) for x in args.sweep.split(",")] if args.sweep else [args.sessions]
     return asyncio.run(amain(args))
 

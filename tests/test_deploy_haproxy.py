@@ -219,3 +219,17 @@ def test_the_shipped_balancer_terminates_tls_when_given_a_certificate(tmp_path):
         proc.wait()
     logged = [line for line in balancer.log if "/v1/listen" in line]
     assert logged and not any("tls-token" in line for line in balancer.log)
+
+
+def test_the_load_benchmark_measures_replicas_behind_the_balancer_against_one_alone():
+    """`benchmarks/load.py --replicas 3` (the fake engine here: the benchmark's plumbing is under
+    test) sweeps one replica, then three behind the shipped HAProxy config, and prints the ratio."""
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/load.py"), "--fake", "--replicas", "3",
+                           "--sweep", "3,6", "--seconds", "4"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "one replica alone:" in out and "3 replicas behind HAProxy" in out
+    assert out.count("   6      0 ") == 2          # N=6 with no errors, alone and through the balancer
+    assert "largest sustained N: 6 through the balancer against 6 alone: ratio 1.00x" in out
