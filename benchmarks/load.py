@@ -5,6 +5,7 @@
     python benchmarks/load.py --url ws://host:8000 --sessions 8
     python benchmarks/load.py --fake --sessions 16             # the fake engine (tests/fakes.py), a smoke run
     python benchmarks/load.py --replicas 3 --sweep 8,16,24     # one replica alone, then 3 behind HAProxy
+    python benchmarks/load.py --model full --spoken-tokens 4   # full architecture, realistic token counts
 
 Audio: --wav, else held-out demo sentences with pauses (what the bundled model reads steadily), or
 with --audio espeak espeak-ng reading text outside its vocabulary. Each stream sends its audio in
@@ -42,6 +43,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness_model import model_path  # noqa: E402
 from whistle_stream.clients.client import ListenClient  # noqa: E402
 from whistle_stream.service import protocol as P  # noqa: E402
 
@@ -210,7 +214,12 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     if args.fake:
         cmd = [sys.executable, str(ROOT / "tests" / "fakes.py"), "serve", "--fake-pass-s", str(args.fake_pass_s)]
     else:
-        cmd = [sys.executable, "-m", "whistle_stream.service.server"] + (["--model", args.model] if args.model else [])
+        model = model_path(args.model)
+        cmd = [sys.executable, "-m", "whistle_stream.service.server"]
+        if args.spoken_tokens:
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "spoken_tokens.py"),
+                   "--tokens-per-second", str(args.spoken_tokens)]
+        cmd += ["--model", model] if model else []
     cmd += ["--port", "0", "--max-sessions", str(max(args.levels) + 8)]
     if args.workers:
         cmd += ["--workers", str(args.workers)]
@@ -322,7 +331,8 @@ async def amain(args) -> int:
     fleet = await through_balancer(args, audio) if args.replicas > 1 else None
     cores = rows[0]["cores"] if rows else "?"
     print(f"\nclip {len(audio) / RATE:.1f} s per stream, real-time pacing, {FRAME_S * 1000:.0f} ms frames, "
-          f"server {'started here' if servers else url}, {cores} cores")
+          f"server {'started here' if servers else url}, {cores} cores; model {args.model or 'demo'}"
+          + (f", passes held to {args.spoken_tokens:g} tokens per audio second" if args.spoken_tokens else ""))
     if fleet is not None:
         print("\none replica alone:")
     print_table(rows, args.target_p95)
@@ -344,7 +354,12 @@ async def amain(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--url", help="a running server (default: start one here on a free port)")
-    p.add_argument("--model", help="model for the server started here")
+    p.add_argument("--model", help="model for the server started here: demo (default), full (the harness's "
+                                    "full architecture, random weights), or a .cact path")
+    p.add_argument("--spoken-tokens", type=float, default=0.0, metavar="R",
+                   help="passes decode R tokens per second of their audio before </s> may end them "
+                        "(benchmarks/spoken_tokens.py: a random-weight model's passes cost what a real "
+                        "model's would; 4 is about 3 words a second); 0: the model decides")
     p.add_argument("--workers", type=int, help="engine workers for the server started here")
     p.add_argument("--fake", action="store_true", help="start the fake engine instead (smoke test)")
     p.add_argument("--fake-pass-s", type=float, default=0.05, help="fake engine seconds per pass")

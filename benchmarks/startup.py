@@ -35,18 +35,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness_model import model_path  # noqa: E402
 FOREIGN_CPU = ("skylake-avx512", "+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx2,+fma")
-
-
-def model_path(name: str | None) -> str | None:
-    if name in (None, "demo"):
-        return None
-    if name in ("full", "tiny", "odd"):
-        sys.path.insert(0, str(ROOT / "tests"))
-        from harness.reference import build_model
-
-        return str(build_model(name).path)
-    return name
 
 
 def free_port() -> int:

@@ -1,0 +1,75 @@
+"""`whistle-stream serve` whose passes decode as many tokens as speech holds (`load.py --spoken-tokens`).
+
+A model with random weights (the harness's full architecture, until the real one can be measured
+here) ends most passes after a few tokens, where a real model reads 2.5-3 words a second: each of
+its passes decodes several times more tokens, and costs that much more. Here every pass keeps
+</s> out of the search, and does not stop at a repeated phrase, until its hypothesis has
+`--tokens-per-second` x the pass's audio seconds tokens (the default 4: about three words a second
+of 1.3 tokens each, counted over the whole pass, pauses included, so it errs on the costly side).
+The search, the decoder and everything else are the engine's own.
+
+    python benchmarks/spoken_tokens.py --tokens-per-second 4 [serve options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from whistle_stream import model as engine_model  # noqa: E402
+from whistle_stream import search  # noqa: E402
+
+RATE = 16000
+_pass = threading.local()   # the running pass's token target, per engine worker thread
+
+
+def install(tokens_per_second: float) -> None:
+    """Patch the engine (this process only) so each pass decodes its audio's share of tokens."""
+    decode, beam_search, find_loop = engine_model.Whistle._decode, engine_model.beam_search, search.find_loop
+
+    def _decode(self, pcm, *args, **kwargs):
+        _pass.need = math.ceil(tokens_per_second * len(pcm) / RATE)
+        try:
+            return decode(self, pcm, *args, **kwargs)
+        finally:
+            _pass.need = 0
+
+    def forced_search(first_logits, advance, *, eos, **kwargs):
+        need, step = getattr(_pass, "need", 0), [0]
+
+        def held(logits):
+            logits = np.array(logits, dtype=np.float32, copy=True)
+            if step[0] < need:
+                logits[..., eos] = -np.inf
+            step[0] += 1
+            return logits
+
+        return beam_search(held(first_logits), lambda parents, tokens: held(advance(parents, tokens)),
+                           eos=eos, **kwargs)
+
+    def loop_after_target(tokens, *args, **kwargs):
+        return 0 if len(tokens) < getattr(_pass, "need", 0) else find_loop(tokens, *args, **kwargs)
+
+    engine_model.Whistle._decode = _decode
+    engine_model.beam_search = forced_search
+    search.find_loop = loop_after_target
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--tokens-per-second", type=float, default=4.0)
+    known, rest = ap.parse_known_args(argv)
+    install(known.tokens_per_second)
+    from whistle_stream.service import server
+    return server.main(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
