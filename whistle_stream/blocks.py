@@ -17,6 +17,9 @@ from . import kernels as K
 
 NORM_EPS = 1e-6  # ZCRMSNorm and _rms_unit epsilon in the reference
 SINKHORN_ITERS = 20  # needle `_sinkhorn` default
+# Up to this many rows (a decoder step's beams) a Hadamard MLP reads its result back through one
+# cached flat index per row count; longer inputs (an encoder pass) are transposed instead.
+GATHER_ROWS = 16
 
 
 def _f32_rows(x: np.ndarray) -> np.ndarray:
@@ -364,10 +367,17 @@ class HadamardMLP:
         t = np.matmul(z.reshape(rows * ba, bb), b)  # (rows * ba, bb): Z B
         t = np.ascontiguousarray(t.reshape(rows, ba, bb).transpose(1, 0, 2)).reshape(ba, rows * bb)
         res = np.matmul(a.T, t)  # (ba, rows * bb): A^T (Z B), rows side by side
+        if rows > GATHER_ROWS:
+            # out[r, k * bb + l] = res[k, r * bb + l], then the columns through perm: two copies,
+            # no index as large as the activations (a cached one per row count grew with every
+            # streaming pass's length)
+            out = np.ascontiguousarray(res.reshape(ba, rows, bb).transpose(1, 0, 2)).reshape(rows, self.n)
+            return out if perm is None else np.take(out, perm, axis=1)
         return np.take(res.reshape(-1), self._gather(rows, perm))
 
     def _gather(self, rows: int, perm: np.ndarray | None) -> np.ndarray:
-        """Flat indices that read res[k, r * bb + l] back as out[r, k * bb + l], through perm."""
+        """Flat indices that read res[k, r * bb + l] back as out[r, k * bb + l], through perm, for
+        up to GATHER_ROWS rows (a decoder step's): one small index per row count, kept."""
         key = (rows, perm is None, 0 if perm is None else id(perm))
         index = self._gathers.get(key)
         if index is None:
@@ -375,8 +385,6 @@ class HadamardMLP:
             cols = np.arange(self.n) if perm is None else perm
             index = (cols // bb) * (rows * bb) + cols % bb
             index = index[None, :] + (np.arange(rows) * bb)[:, None]
-            if len(self._gathers) > 64:  # row counts vary with clip length; keep the cache small
-                self._gathers.clear()
             self._gathers[key] = index
         return index
 
