@@ -411,3 +411,63 @@ def test_ctc_fits_says_which_rows_have_a_ctc_path_as_optax_scores_them():
     loss = np.asarray(optax.ctc_loss(logits, (jnp.arange(6) >= frames[:, None]).astype(jnp.float32),
                                      jnp.asarray(text), jnp.asarray(text == 0, jnp.float32), blank_id=0))
     assert (loss[fits] < 50).all() and (loss[~fits] > 1e3).all()
+
+
+def test_the_broad_mix_is_the_wide_one_with_a_channel_on_most_clips_and_no_festival_voice():
+    wide, broad = demo_data.train_items(2000, seed=0, voices="wide"), demo_data.train_items(2000, seed=0, voices="broad")
+    assert [{k: v for k, v in it.items() if k != "channel"} for it in broad] == wide   # the same voices and seeds
+    assert sum(it.get("channel", False) for it in broad) / len(broad) == pytest.approx(0.7, abs=0.03)
+    for make in (demo_data.mixed_items, demo_data.spliced_items, demo_data.scrambled_items):
+        items = make(400, seed=0, voices="broad")
+        assert 0.6 < sum(it.get("channel", False) for it in items) / len(items) < 0.8
+        assert not any(it["voice"].startswith("festival/") for it in items)
+    assert not any("channel" in it for it in demo_data.test_items(300))              # the test split is unchanged
+    with pytest.raises(ValueError, match="channel is a share from 0 to 1"):
+        demo_data.VoiceMix(demo_data.CORE_VOICES, channel=2.0)
+
+
+def test_a_family_holds_every_voice_of_one_synthesiser_and_the_families_are_disjoint():
+    families = demo_data.FAMILIES
+    assert all(v.startswith(name + "/") for name, voices in families.items() for v in voices)
+    assert set(demo_data.TRAIN_VOICES) | set(demo_data.TEST_VOICES) >= set(families["flite"])
+    items = demo_data.family_items("festival", 9)
+    assert [it["text"] for it in items] == [it["text"] for it in demo_data.test_items(9)]
+    assert [it["voice"] for it in items] == list(families["festival"]) * 3
+    with pytest.raises(ValueError, match="unknown synthesiser family 'piper'"):
+        demo_data.family_items("piper", 3)
+
+
+def test_the_channel_keeps_the_length_and_is_a_function_of_its_draws():
+    speech = (0.3 * np.sin(np.arange(16000) * 0.07)).astype(np.float32)
+    seen = {}
+    for seed in range(12):
+        drawn: dict = {}
+        out = demo_data.channel(speech, np.random.default_rng(seed), drawn)
+        again = demo_data.channel(speech, np.random.default_rng(seed))
+        assert out.dtype == np.float32 and out.shape == speech.shape and np.abs(out).max() <= 0.99
+        np.testing.assert_array_equal(out, again)
+        for key in drawn:
+            seen[key] = seen.get(key, 0) + 1
+    assert {"rt60", "telephone", "eq_hz"} <= set(seen)          # each stage is drawn on some clips
+    assert 0.1 <= drawn.get("rt60", 0.5) <= 0.9
+
+
+def test_a_telephone_channel_removes_what_a_telephone_line_does_not_carry():
+    rng = np.random.default_rng(3)
+    noise = rng.standard_normal(32000).astype(np.float32) * 0.1
+    for seed in range(40):
+        drawn: dict = {}
+        out = demo_data.channel(noise, np.random.default_rng(seed), drawn)
+        if drawn.get("telephone") and "rt60" not in drawn:
+            spectrum = np.abs(np.fft.rfft(out)) ** 2
+            freqs = np.fft.rfftfreq(len(out), 1 / demo_data.RATE)
+            assert spectrum[freqs > 4500].sum() < 0.01 * spectrum[(freqs > 500) & (freqs < 3000)].sum()
+            return
+    pytest.fail("no telephone channel without reverberation in 40 draws")
+
+
+@pytest.mark.skipif(not shutil.which("text2wave"), reason="festival is needed (.ci/run installs it)")
+def test_every_festival_voice_speaks():
+    for voice in demo_data.FAMILIES["festival"]:
+        audio = demo_data.make_clip("Call mom on her mobile phone.", voice, seed=1)
+        assert audio.dtype == np.float32 and np.abs(audio).max() > 0.05, voice

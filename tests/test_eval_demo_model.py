@@ -61,3 +61,13 @@ def test_validation_clips_are_cached_apart_from_the_test_clips(tmp_path, monkeyp
     assert [t for _, t in validation] == [it["text"] for it in demo_data.validation_items(2)]
     assert not set(t for _, t in validation) & {it["text"] for it in demo_data.test_items(300)}
     assert sorted(os.listdir(tmp_path)) == ["test-clips-seed0.npz", "validation-clips-seed0.npz"]
+
+
+def test_a_family_split_is_the_test_sentences_spoken_by_every_voice_of_the_family(tmp_path, monkeypatch):
+    spoken = []
+    monkeypatch.setattr(demo_data, "make_clip", lambda text, voice, seed: spoken.append(voice) or np.zeros(5, np.float32))
+    clips = eval_demo_model.cached_clips(6, 0, str(tmp_path), "festival")
+    assert [t for _, t in clips] == [it["text"] for it in demo_data.test_items(6)]
+    assert spoken == list(demo_data.FAMILIES["festival"]) * 2      # each voice in turn
+    assert eval_demo_model.voice_group("festival/ked_diphone") == "ked_diphone"
+    assert "festival-clips-seed0.npz" in os.listdir(tmp_path)

@@ -64,11 +64,7 @@ def cached_clips(n: int, seed: int, cache: str, split: str = "test") -> list[tup
         if len(specs) >= n and specs[:n] == _spec_keys(items):
             bounds = np.concatenate([[0], np.cumsum(saved["lengths"])])
             return [(saved["audio"][bounds[i]:bounds[i + 1]], it["text"]) for i, it in enumerate(items)]
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(2) as pool:
-        audio = list(pool.map(demo_data.make_clip, *zip(*[(it["text"], it["voice"], it["seed"]) for it in items]),
-                              chunksize=8))
-    clips = list(zip(audio, [it["text"] for it in items]))
+    clips = [(demo_data.make_clip(it["text"], it["voice"], it["seed"]), it["text"]) for it in items]
     os.makedirs(cache, exist_ok=True)
     np.savez(path + ".tmp.npz", audio=np.concatenate([a for a, _ in clips]),
              lengths=np.array([len(a) for a, _ in clips]), specs=np.array(_spec_keys(items)))
