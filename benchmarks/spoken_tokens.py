@@ -8,7 +8,7 @@ its passes decodes several times more tokens, and costs that much more. Here eve
 of 1.3 tokens each, counted over the whole pass, pauses included, so it errs on the costly side).
 The search, the decoder and everything else are the engine's own.
 
-    python benchmarks/spoken_tokens.py --tokens-per-second 4 [serve options]
+    python benchmarks/spoken_tokens.py --tokens-per-second 4 [--prefill off] [serve options]
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def install(tokens_per_second: float) -> None:
         finally:
             _pass.need = 0
 
-    def forced_search(first_logits, advance, *, eos, **kwargs):
-        need, step = getattr(_pass, "need", 0), [0]
+    def forced_search(first_logits, advance, *, eos, prompt_len=2, **kwargs):
+        # the pass's target less the committed words fed before the search (the prefill)
+        need, step = getattr(_pass, "need", 0) - (prompt_len - 2), [0]
 
         def held(logits):
             logits = np.array(logits, dtype=np.float32, copy=True)
@@ -52,21 +53,38 @@ def install(tokens_per_second: float) -> None:
             return logits
 
         return beam_search(held(first_logits), lambda parents, tokens: held(advance(parents, tokens)),
-                           eos=eos, **kwargs)
+                           eos=eos, prompt_len=prompt_len, **kwargs)
 
     def loop_after_target(tokens, *args, **kwargs):
         return 0 if len(tokens) < getattr(_pass, "need", 0) else find_loop(tokens, *args, **kwargs)
 
-    engine_model.Whistle._decode = _decode
-    engine_model.beam_search = forced_search
-    search.find_loop = loop_after_target
+    if tokens_per_second > 0:
+        engine_model.Whistle._decode = _decode
+        engine_model.beam_search = forced_search
+        search.find_loop = loop_after_target
+
+
+def without_prefill() -> None:
+    """Streams search the committed words again (the engine before its prefill), for comparison."""
+    from whistle_stream import streaming
+
+    init = streaming.StreamSession.__init__
+
+    def no_prefill(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "prefill": False})
+
+    streaming.StreamSession.__init__ = no_prefill
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--tokens-per-second", type=float, default=4.0)
+    ap.add_argument("--tokens-per-second", type=float, default=4.0, help="0: the model decides")
+    ap.add_argument("--prefill", choices=("on", "off"), default="on",
+                    help="off: passes search the committed words again (the engine before its prefill)")
     known, rest = ap.parse_known_args(argv)
     install(known.tokens_per_second)
+    if known.prefill == "off":
+        without_prefill()
     from whistle_stream.service import server
     return server.main(rest) or 0
 

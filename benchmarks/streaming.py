@@ -4,6 +4,7 @@
     python benchmarks/streaming.py --minutes 60         # + the 60-minute stability run (pass p95, RSS)
     python benchmarks/streaming.py --full               # + the full architecture: a pass over a 10 s buffer
     python benchmarks/streaming.py --accuracy 5,7,9,11  # + per stream: streamed vs one-shot WER, words dropped/added
+    python benchmarks/streaming.py --prefill both       # each measure with and without the committed-word prefill
 
 Commit latency of a word = audio received when the word was committed - the word's end in the audio
 (audio time, 1 s steps). whisper_streaming reports 3.3 s for the same measure.
@@ -23,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 RATE = 16000
+
+from whistle_stream.streaming import StreamSession  # noqa: E402
 
 
 def build_stream(n: int, seed: int = 0, pause=(0.6, 1.6)):
@@ -50,9 +53,9 @@ def one_shot(model, utts) -> tuple[str, list[dict]]:
     return " ".join(shot["text"] for shot in shots), words
 
 
-def run_stream(model, audio: np.ndarray, chunk_s: float = 1.0, rss_every: int = 0):
+def run_stream(model, audio: np.ndarray, chunk_s: float = 1.0, rss_every: int = 0, prefill: bool = True):
     """Feed audio in chunks; returns committed words, per-word commit latency, pass times, RSS samples."""
-    session = model.open_stream()
+    session = StreamSession(model, prefill=prefill)
     step = int(chunk_s * RATE)
     words, latency, passes, rss = [], [], [], []
     for i in range(0, len(audio), step):
@@ -93,20 +96,26 @@ def main(argv=None) -> None:
     ap.add_argument("--full", action="store_true", help="also time a 10 s pass on the full architecture")
     ap.add_argument("--accuracy", default="", help="comma-separated stream seeds: streamed text against the "
                     "truth and against the one-shot transcripts of the same utterances")
+    ap.add_argument("--prefill", choices=("on", "off", "both"), default="on",
+                    help="passes read the utterance's committed words in one teacher-forced run (on, the "
+                         "engine's default), search them again (off), or each measure both ways in turn")
     args = ap.parse_args(argv)
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.prefill]
 
     from whistle_stream import Whistle
 
     model = Whistle(args.model)
     model.warmup()
     audio, utts = build_stream(args.utterances)
-    t0 = time.perf_counter()
-    words, latency, passes, _ = run_stream(model, audio)
-    wall = time.perf_counter() - t0
-    print(f"model {model.name}: stream of {len(audio) / RATE:.0f} s, {len(utts)} utterances, {len(words)} words")
-    print(f"  pass time      p50 {_pct(passes, 50) * 1000:7.1f} ms   p95 {_pct(passes, 95) * 1000:7.1f} ms")
-    print(f"  commit latency p50 {_pct(latency, 50):7.2f} s    p95 {_pct(latency, 95):7.2f} s   (audio time; whisper_streaming: 3.3 s)")
-    print(f"  real-time factor {wall / (len(audio) / RATE):.3f}")
+    for prefill in modes:
+        t0 = time.perf_counter()
+        words, latency, passes, _ = run_stream(model, audio, prefill=prefill)
+        wall = time.perf_counter() - t0
+        print(f"model {model.name}: stream of {len(audio) / RATE:.0f} s, {len(utts)} utterances, {len(words)} words"
+              f"{'' if prefill else ', no prefill'}")
+        print(f"  pass time      p50 {_pct(passes, 50) * 1000:7.1f} ms   p95 {_pct(passes, 95) * 1000:7.1f} ms")
+        print(f"  commit latency p50 {_pct(latency, 50):7.2f} s    p95 {_pct(latency, 95):7.2f} s   (audio time; whisper_streaming: 3.3 s)")
+        print(f"  real-time factor {wall / (len(audio) / RATE):.3f}")
 
     if args.minutes:
         long_audio = long_stream(args.minutes)
@@ -122,17 +131,18 @@ def main(argv=None) -> None:
         full_pass_breakdown()
 
     for seed in [int(x) for x in args.accuracy.split(",") if x.strip()]:
-        stream_accuracy(model, args.utterances, seed)
+        for prefill in modes:
+            stream_accuracy(model, args.utterances, seed, prefill)
 
 
-def stream_accuracy(model, utterances: int, seed: int) -> None:
+def stream_accuracy(model, utterances: int, seed: int, prefill: bool = True) -> None:
     """The streaming accuracy lines on one stream: streamed WER minus the one-shot WER of the same
     utterances (target <= 1 point); words dropped or doubled at the stream's trim seams against the
     one-shot words (target: none); and, stricter, words dropped + added anywhere."""
     from harness.wer import edit_ops, normalise, seam_errors, wer
 
     audio, utts = build_stream(utterances, seed)
-    session, seams, words = model.open_stream(), [], []
+    session, seams, words = StreamSession(model, prefill=prefill), [], []
     session.on_trim = seams.append
     for i in range(0, len(audio), RATE):
         words += session.feed(audio[i:i + RATE])["words"]
@@ -143,7 +153,7 @@ def stream_accuracy(model, utterances: int, seed: int) -> None:
     _, dropped, added = edit_ops(normalise(shot_text), normalise(streamed))
     at_seams = seam_errors(shot_words, words, seams, truth=[u[:3] for u in utts])
     s_wer, o_wer = wer([truth], [streamed]), wer([truth], [shot_text])
-    print(f"  stream seed {seed}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
+    print(f"  stream seed {seed}{'' if prefill else ' (no prefill)'}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
           f"at {len(seams)} seams {len(at_seams['dropped'])} dropped + {len(at_seams['doubled']) + len(at_seams['across'])} "
           f"doubled; anywhere vs one-shot: {dropped} dropped + {added} added of {len(normalise(shot_text))} words")
 

@@ -20,6 +20,7 @@ class FakeModel:
     def __init__(self, languages=("en", "de")):
         self.dims = type("D", (), {"rate": RATE, "languages": languages})()
         self.passes: list[float] = []  # seconds of audio each pass saw
+        self.prefixes: list[str] = []  # the committed words each pass was given to read first
 
     def load_audio(self, audio):
         return np.asarray(audio, np.float32)
@@ -35,8 +36,9 @@ class FakeModel:
     def parse_keywords(self, keywords):
         return [] if not keywords else list(keywords)
 
-    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False):
+    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False, prefix=""):
         self.passes.append(len(audio) / RATE)
+        self.prefixes.append(prefix)
         if not np.any(audio):
             return {"speech": False, "language": language or "", "text": "", "words": []}
         words = []
@@ -333,8 +335,8 @@ class WaveringTail(FakeModel):
         super().__init__()
         self.closed_passes = 0
 
-    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False):
-        result = super().transcribe_words(audio, language, keywords, beams, open_end)
+    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False, prefix=""):
+        result = super().transcribe_words(audio, language, keywords, beams, open_end, prefix)
         if not open_end and result["words"]:
             self.closed_passes += 1
             last = {**result["words"][-1], "word": "first" if self.closed_passes == 1 else "second"}
@@ -423,3 +425,31 @@ def test_a_checkpoint_is_refused_when_it_does_not_fit():
         StreamSession.restore(FakeModel(), {"v": 1, "rate": RATE})
     with pytest.raises(ValueError, match="version or sample rate"):
         StreamSession.restore(FakeModel(), {**state, "rate": 8000})
+
+
+def test_a_pass_is_given_the_utterances_committed_words_to_read_first():
+    """Within an utterance a pass gets the words already committed in it as its prefix (the engine
+    reads them in one teacher-forced run); a new utterance starts with none; prefill=False gives
+    none; the words committed are the same either way."""
+    speech, _ = scripted_audio(12, seed=2, pause=(0.05, 0.12))          # one long utterance
+    audio = np.concatenate([speech, np.zeros(2 * RATE, np.float32), speech])
+
+    def run(prefill: bool):
+        model = FakeModel()
+        session = StreamSession(model, language="de", prefill=prefill)
+        words, cuts = [], []
+        for i in range(0, len(audio), RATE):
+            words += [w["word"] for w in session.feed(audio[i:i + RATE])["words"]]
+            cuts.append(session.buffer_start_s)
+        words += [w["word"] for w in session.finish()["words"]]
+        return model.prefixes, words
+
+    prefixes, words = run(True)
+    given = [p.split() for p in prefixes if p]
+    assert given and max(len(p) for p in given) >= 5                   # long prefixes, not one word
+    # each a run of the committed words, in order (an utterance's, from its first)
+    assert all(any(words[k:k + len(p)] == p for k in range(len(words))) for p in given)
+    second = len(speech) / RATE + 2.0                                    # the pause: a new utterance
+    assert any(not p for p in prefixes[int(second):int(second) + 2])
+    plain_prefixes, plain_words = run(False)
+    assert not any(plain_prefixes) and plain_words == words

@@ -150,6 +150,11 @@ class CommitPolicy:
         """The last hypothesis beyond the committed words."""
         return list(self._pending)
 
+    @property
+    def rereads(self) -> list[Word]:
+        """The committed words whose audio passes still read (the current utterance's)."""
+        return list(self._committed[self._since:])
+
     def state(self) -> dict:
         """What a restored policy needs to decide as this one would (JSON-able): the committed
         words passes still compare with (the current utterance's, and the last `repeat_words`),

@@ -8,8 +8,8 @@ parallel.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,8 @@ from .rules import WINDOW_S
 from .search import _text_logprobs, beam_search
 from .streaming import sound_span
 
+# A prefix is fed only while this many positions stay after it (the prompt, some text, </s>).
+PREFIX_ROOM = 64
 
 
 class Whistle:
@@ -116,10 +118,13 @@ class Whistle:
         return biaser
 
     def _decode(self, pcm: np.ndarray, language: str | None, biaser, beams: int, words: bool,
-                open_end: bool = False) -> dict:
+                open_end: bool = False, prefix: Sequence[int] = ()) -> dict:
         """One window (<= 30 s) of speech: encoder, prompt, search, optionally word times.
         open_end: the audio stops mid-speech (a streaming pass before a pause, a long-audio window
-        before the last), so no row after the words takes audio from the last word."""
+        before the last), so no row after the words takes audio from the last word.
+        prefix: text tokens the window is known to begin with (a stream's committed words): fed in
+        one teacher-forced run after the prompt, and the search starts after them; the result's
+        tokens and words include them. Needs a language (it is never detected after a prefix)."""
         t0 = time.perf_counter()
         d = self.dims
         enc = self._encode(pcm)
@@ -131,17 +136,20 @@ class Whistle:
         if language is None:
             language = self._detect_language(first)
         tag = d.language_id(language)
-        logits = self.decoder.feed(state, [tag])[0, -1]
+        prefix = list(prefix) if len(prefix) + PREFIX_ROOM <= d.max_tokens else []
+        logits = self.decoder.feed(state, [tag] + prefix)[0, -1]
         ttft = time.perf_counter() - t0
         result = beam_search(logits, self.decoder.advance_fn(state), first_tag=d.first_tag, eos=d.eos,
-                             max_len=d.max_tokens, beams=beams, biaser=biaser)
+                             max_len=d.max_tokens, beams=beams, biaser=biaser, prompt_len=2 + len(prefix))
         decode_s = time.perf_counter() - t0 - ttft
-        out = {"tokens": result.tokens, "text": self.tokenizer.decode(result.tokens).strip(),
+        tokens = prefix + list(result.tokens)
+        out = {"tokens": tokens, "text": self.tokenizer.decode(tokens).strip(),
                "language": language, "ttft": ttft, "decode_s": decode_s, "words": []}
-        if words and result.tokens:
-            probs = np.exp(np.asarray(result.token_logprobs, np.float64))
-            weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + list(result.tokens))
-            out["words"] = self._word_times(pcm, len(enc), weights, result.tokens, probs, open_end)
+        if words and tokens:
+            # a committed word was heard and agreed on: its tokens count as certain
+            probs = np.concatenate([np.ones(len(prefix)), np.exp(np.asarray(result.token_logprobs, np.float64))])
+            weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + tokens)
+            out["words"] = self._word_times(pcm, len(enc), weights, tokens, probs, open_end)
         return out
 
     def _detect_language(self, first_logits: np.ndarray) -> str:
@@ -295,14 +303,18 @@ class Whistle:
                        stats["decode_s"], stats["tokens"], words if word_timestamps else None)
 
     def transcribe_words(self, audio, language: str | None = None, keywords=None, beams: int | None = None,
-                         open_end: bool = False) -> dict:
+                         open_end: bool = False, prefix: str = "") -> dict:
         """One streaming pass (<= 30 s): {"speech", "language", "text", "words"} with word times;
-        open_end: the audio stops mid-speech (no pause after it yet)."""
+        open_end: the audio stops mid-speech (no pause after it yet); prefix: words the audio is
+        known to begin with (a stream's committed words, with a language): read in one teacher-
+        forced run instead of searched for again, and returned at the head of the words."""
         pcm = self.load_audio(audio)
         if not self.is_speech(pcm):
             return {"speech": False, "language": language or "", "text": "", "words": []}
-        r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], self.check_language(language),
-                         self._biaser(keywords), _check_beams(beams or 5), True, open_end=open_end)
+        language = self.check_language(language)
+        tokens = self.tokenizer.encode(prefix) if prefix and language else []
+        r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], language,
+                         self._biaser(keywords), _check_beams(beams or 5), True, open_end=open_end, prefix=tokens)
         return {"speech": True, "language": r["language"], "text": r["text"], "words": r["words"]}
 
     # ---- streaming -------------------------------------------------------------------------

@@ -41,6 +41,9 @@ TRIM_MARGIN_S = 0.24
 HOLD_S = 1.0
 EDGE_ZEROS_S = 0.02  # digital silence a pass keeps after noisy speech (see sound_span)
 CLEAN_MARGIN_S = 0.3  # ... and on each side of clean speech (no noise floor)
+# A committed word may start this much before a pass's audio (its sound span starts inside the
+# word's first frames) and still be fed as the pass's prefix.
+PREFIX_SLACK_S = 0.1
 
 
 class StreamSession:
@@ -53,7 +56,8 @@ class StreamSession:
 
     def __init__(self, model: "Whistle", language: str | None = None, keywords=None, step_s: float = 1.0,
                  beams: int | None = None, on_pass: Callable[[dict], None] | None = None,
-                 on_trim: Callable[[float], None] | None = None, stable_at_pause: bool = True):
+                 on_trim: Callable[[float], None] | None = None, stable_at_pause: bool = True,
+                 prefill: bool = True):
         if not (MIN_STEP_S <= float(step_s) <= MAX_STEP_S):
             raise ValueError(f"step_s must be between {MIN_STEP_S:g} and {MAX_STEP_S:g} seconds, "
                              f"got {step_s!r}")
@@ -62,6 +66,9 @@ class StreamSession:
         # pass before waits for a second pass at the pause (final after it in any case).
         # False commits the tail at the first pass that finds the pause.
         self.stable_at_pause = stable_at_pause
+        # A pass reads the utterance's committed words in one teacher-forced run (they are final)
+        # and searches only beyond them, instead of searching for the whole utterance again.
+        self.prefill = prefill
         self.model = model
         self.rate = model.dims.rate
         self.step = int(round(float(step_s) * self.rate))
@@ -237,7 +244,7 @@ class StreamSession:
         else:
             result = self.model.transcribe_words(
                 heard[first:last], language=self.language or None, keywords=self.keywords, beams=self.beams,
-                open_end=gap is None)
+                open_end=gap is None, prefix=self._prefix(offset))
             if result["speech"] and len(levels):
                 self._speech_level = speech_level(levels)
         self.passes += 1
@@ -271,6 +278,14 @@ class StreamSession:
         elapsed = time.perf_counter() - t0
         self.pass_seconds_total += elapsed
         out["pass_ms"] += elapsed * 1000.0
+
+    def _prefix(self, offset: float) -> str:
+        """The committed words a pass from `offset` (seconds) begins with: the current utterance's,
+        when all of them lie in its audio (after a forced trim they do not, and none is fed)."""
+        words = self.policy.rereads
+        if not self.prefill or not self.language or not words or words[0].start < offset - PREFIX_SLACK_S:
+            return ""
+        return _join(words)
 
     def _commit(self, result, out: dict) -> None:
         pending = list(result.pending)
