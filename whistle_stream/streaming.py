@@ -44,6 +44,10 @@ CLEAN_MARGIN_S = 0.3  # ... and on each side of clean speech (no noise floor)
 # A committed word may start this much before a pass's audio (its sound span starts inside the
 # word's first frames) and still be fed as the pass's prefix.
 PREFIX_SLACK_S = 0.1
+# Committed words are fed as a prefix once an utterance has this many: a long utterance's passes
+# then search only its tail. Below it the search is short anyway, and the demo model's streams
+# read worse with a prefix (docs/streaming.md has the measurement).
+PREFILL_MIN_WORDS = 12
 
 
 class StreamSession:
@@ -281,9 +285,11 @@ class StreamSession:
 
     def _prefix(self, offset: float) -> str:
         """The committed words a pass from `offset` (seconds) begins with: the current utterance's,
-        when all of them lie in its audio (after a forced trim they do not, and none is fed)."""
+        once there are PREFILL_MIN_WORDS of them, when all lie in its audio (after a forced trim
+        they do not, and none is fed)."""
         words = self.policy.rereads
-        if not self.prefill or not self.language or not words or words[0].start < offset - PREFIX_SLACK_S:
+        if not self.prefill or not self.language or len(words) < PREFILL_MIN_WORDS \
+                or words[0].start < offset - PREFIX_SLACK_S:
             return ""
         return _join(words)
 
