@@ -192,7 +192,9 @@ def test_held_out_clips_regenerate_as_audio_and_text():
 
 
 def test_unknown_voice_is_rejected():
-    with pytest.raises(ValueError, match="unknown voice"):
+    with pytest.raises(ValueError, match="unknown voice 'piper/amy'"):
+        demo_data.make_clip("Call mom.", "piper/amy", seed=0)
+    with pytest.raises(ValueError, match="unknown voice 'festival/kal': festival's voices here are"):
         demo_data.make_clip("Call mom.", "festival/kal", seed=0)
 
 

@@ -514,6 +514,8 @@ def synthesize(text: str, voice: str, rng: np.random.Generator) -> np.ndarray:
             cmd = ["flite", "-voice", name, "--setf", f"duration_stretch={stretch:.3f}",
                    "--setf", f"int_f0_target_mean={base_f0 * f0:.1f}", "-t", text, "-o", path]
         elif engine == "festival":
+            if name not in FESTIVAL_VOICES:  # text2wave says nothing and writes nothing for these
+                raise ValueError(f"unknown voice {voice!r}: festival's voices here are {FESTIVAL_VOICES}")
             stretch = rng.uniform(0.8, 1.25)
             script = os.path.join(tmp, "text.txt")
             with open(script, "w") as f:
