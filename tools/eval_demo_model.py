@@ -63,7 +63,8 @@ def cached_clips(n: int, seed: int, cache: str, split: str = "test") -> list[tup
         specs = list(saved["specs"]) if "specs" in saved.files else []
         if len(specs) >= n and specs[:n] == _spec_keys(items):
             bounds = np.concatenate([[0], np.cumsum(saved["lengths"])])
-            return [(saved["audio"][bounds[i]:bounds[i + 1]], it["text"]) for i, it in enumerate(items)]
+            audio = saved["audio"]  # read once: each read of an .npz member loads it whole again
+            return [(audio[bounds[i]:bounds[i + 1]].copy(), it["text"]) for i, it in enumerate(items)]
     clips = [(demo_data.make_clip(it["text"], it["voice"], it["seed"]), it["text"]) for it in items]
     os.makedirs(cache, exist_ok=True)
     np.savez(path + ".tmp.npz", audio=np.concatenate([a for a, _ in clips]),
