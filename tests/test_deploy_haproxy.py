@@ -128,7 +128,9 @@ def test_the_shipped_balancer_spreads_sessions_and_survives_kills_restarts_and_a
         await asyncio.sleep(3)
         killed = "whistle0"
         fleet.procs[killed].send_signal(signal.SIGKILL)            # a replica dies mid-stream
-        await asyncio.sleep(6)                                      # ... its sessions resume on the others
+        deadline = time.monotonic() + 30                            # ... its sessions resume on the others
+        while sum(fleet.sessions(n) for n in fleet.procs if n != killed) < 12 and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
         loop_log.append(("after kill", {n: fleet.sessions(n) for n in fleet.procs if n != killed},
                          fleet.states()))
 
@@ -160,6 +162,7 @@ def test_the_shipped_balancer_spreads_sessions_and_survives_kills_restarts_and_a
     finally:
         fleet.close()
     print("\n" + "\n".join(map(str, loop_log)))
+    print(f"resumed: {sum(c.reconnects for c in clients)} reconnects over the {len(clients)} sessions")
     spread = loop_log[0][1]
     assert sorted(spread.values()) == [4, 4, 4]                       # least connections: even spread
     assert loop_log[2] == ("refused", P.CloseCode.TRY_AGAIN)
