@@ -311,22 +311,18 @@ async def through_balancer(args, audio) -> list[dict]:
     """args.replicas servers behind the shipped HAProxy configuration on loopback."""
     sys.path.insert(0, str(ROOT / "tests"))
     from harness.balancer import Balancer
+    from harness.servers import free_port
 
     if shutil.which("haproxy") is None:
         raise SystemExit("--replicas needs Debian's haproxy (apt-get install haproxy)")
     servers = [start_server(args) for _ in range(args.replicas)]
     names = {f"whistle{i}": int(u.rsplit(":", 1)[1]) for i, (_, u) in enumerate(servers)}
     with tempfile.TemporaryDirectory() as folder:
-        import socket
-        ports = []
-        for _ in range(2):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                ports.append(s.getsockname()[1])
-        balancer = Balancer(Path(folder), names, ports[0], ports[1])
+        port = free_port()
+        balancer = Balancer(Path(folder), names, port, free_port())
         try:
             balancer.wait_up(list(names))
-            return await sweep(args, f"ws://127.0.0.1:{ports[0]}", servers, audio)
+            return await sweep(args, f"ws://127.0.0.1:{port}", servers, audio)
         finally:
             balancer.close()
             stop(servers)

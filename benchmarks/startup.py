@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,13 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from harness_model import model_path  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests"))
+
+from harness.servers import free_port  # noqa: E402
 FOREIGN_CPU = ("skylake-avx512", "+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl,+avx2,+fma")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.servers import ROOT, ServerProcess
+from harness.servers import ROOT, ServerProcess, free_port
 from harness.wer import wer
 
 pytestmark = pytest.mark.slow
@@ -69,11 +68,6 @@ def one_shot(speech):
     words = [dict(w, start=w["start"] + 1.0, end=w["end"] + 1.0) for w in words]   # the WAV's leading second
     return wer([" ".join(u[2] for u in utts)], [text]), words
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

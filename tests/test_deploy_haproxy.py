@@ -8,7 +8,6 @@ import asyncio
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 from harness.balancer import Balancer
+from harness.servers import free_port
 from fakes import FakeWhistle, start_server_process, stream_reference
 from whistle_stream.clients.client import ListenClient, SessionEnded
 from whistle_stream.service import protocol as P
@@ -32,11 +32,6 @@ RATE = 16000
 if shutil.which("haproxy") is None:
     pytest.skip("Debian's haproxy is not installed (.ci/run installs it)", allow_module_level=True)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Fleet:

@@ -4,7 +4,6 @@ import asyncio
 import io
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.servers import free_port
 from whistle_stream.clients import listen
 from whistle_stream.clients.client import ListenClient
 from fakes import FakeWhistle, start_server_process, stream_reference
@@ -162,11 +162,6 @@ def test_no_microphone_is_a_clear_error(capsys):
     assert listen.main(["--server", "ws://127.0.0.1:9"], sounddevice=sd) == listen.EXIT_NO_AUDIO
     assert "no microphone found" in capsys.readouterr().err
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_an_unreachable_server_is_a_clear_error(tmp_path, capsys):
