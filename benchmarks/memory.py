@@ -5,10 +5,10 @@ streams the same 30 s in 1 s steps; the peak RSS (VmHWM) is printed after each p
     python benchmarks/memory.py --model demo    # the bundled model
     python benchmarks/memory.py --model PATH.cact
 
-Every phase runs in a child process that imports only the engine (no JAX), so the figures are the
-engine's own. The baseline line is the same child importing numpy and numba and loading the
-model's kernels from the JIT cache (warm-up run first, so no compile counts): what any process of
-ours holds before it reads audio.
+The phases run in one child process that imports only the engine (no JAX), so the figures are the
+engine's own. The first line, "loaded and warm", is that process with numpy, numba, the model and
+its kernels loaded from the JIT cache (`whistle-stream warm` runs first, so no compile counts):
+what any process of ours holds before it reads audio.
 """
 
 from __future__ import annotations

@@ -699,9 +699,10 @@ def _peaking(centre: float, gain_db: float, q: float) -> tuple[np.ndarray, np.nd
     return b / a[0], a / a[0]
 
 
-def _channel_rng(seed: int) -> np.random.Generator:
-    """The channel's own draws: a clip with and without `channel` shares every other draw."""
-    return np.random.default_rng([int(seed), 0xC4A7])
+def _channelled(speech: np.ndarray, seed: int, wanted: bool) -> np.ndarray:
+    """speech through the channel a clip's seed draws, when wanted. The channel draws from a stream
+    of its own, so a clip with and without it shares every other draw."""
+    return channel(speech, np.random.default_rng([int(seed), 0xC4A7])) if wanted else speech
 
 
 def make_clip(text: str, voice: str, seed: int, with_channel: bool = False) -> np.ndarray:
@@ -710,10 +711,7 @@ def make_clip(text: str, voice: str, seed: int, with_channel: bool = False) -> n
     if not text.strip():
         raise ValueError("make_clip needs non-empty text")
     rng = np.random.default_rng(int(seed))
-    speech = synthesize(text, voice, rng)
-    if with_channel:
-        speech = channel(speech, _channel_rng(seed))
-    return augment(speech, rng)
+    return augment(_channelled(synthesize(text, voice, rng), seed, with_channel), rng)
 
 
 def test_clips(n: int, seed: int = 0) -> list[tuple[np.ndarray, str]]:
@@ -879,7 +877,8 @@ def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, 
             keep += 1
         nxt = next((s for s in starts[keep + 1:] if s > 0), len(speech))
         cut = starts[keep] + int(rng.uniform(0.0, 0.4) * (nxt - starts[keep])) if keep < len(words) else len(speech)
-        audio = _channelled(item, soxr.resample(speech[:cut], rate, RATE, quality="HQ").astype(np.float32))
+        audio = _channelled(soxr.resample(speech[:cut], rate, RATE, quality="HQ").astype(np.float32), item["seed"],
+                            item.get("channel", False))
         return augment(audio, rng, trailing=False), _prefix_text(words[:keep])
     if item["kind"] == "spliced":
         voice_seed = int(rng.integers(2 ** 31))  # one speed and pitch for every word of the clip
@@ -894,7 +893,8 @@ def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, 
             placed.append((at, at + last - first))
             at += last - first
         drawn: dict = {}
-        audio = augment(_channelled(item, np.concatenate(pieces)), rng, record=drawn)
+        audio = augment(_channelled(np.concatenate(pieces), item["seed"], item.get("channel", False)), rng,
+                        record=drawn)
         if spans is not None:
             lead = int(drawn["lead"] * RATE)  # augment's leading silence, as it cuts it
             spans += [(lead + a, lead + b) for a, b in placed]
@@ -908,12 +908,7 @@ def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, 
         pieces += [gap, speech] if texts else [speech]
         texts.append(part)
         total += len(speech) + (len(gap) if k else 0)
-    return augment(_channelled(item, np.concatenate(pieces)), rng), " ".join(texts)
-
-
-def _channelled(item: dict, speech: np.ndarray) -> np.ndarray:
-    """speech through the item's drawn channel when the spec asks for one."""
-    return channel(speech, _channel_rng(item["seed"])) if item.get("channel") else speech
+    return augment(_channelled(np.concatenate(pieces), item["seed"], item.get("channel", False)), rng), " ".join(texts)
 
 
 # ---------------------------------------------------------------------------------------------

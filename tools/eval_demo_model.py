@@ -40,16 +40,16 @@ def _spec_keys(items: list[dict]) -> list[str]:
     return [f"{it['voice']}|{it['seed']}|{it['text']}" for it in items]
 
 
-SPLITS = {"test": ("test_items", 300), "validation": ("validation_items", demo_data.VALIDATION),  # specs, most clips
-          **{family: ("family_items", 300) for family in demo_data.FAMILIES}}
+# split -> most clips: the test and validation splits, and the test sentences in each synthesiser family's voices
+SPLITS = {"test": 300, "validation": demo_data.VALIDATION, **{family: 300 for family in demo_data.FAMILIES}}
 
 
 def split_items(split: str, n: int, seed: int) -> list[dict]:
-    """The first n clip specs of a held-out split, or of the test sentences spoken by a synthesiser
-    family's voices (`demo_data.family_items`) when split names a family."""
+    """The first n clip specs of a held-out split (`demo_data.test_items`, `validation_items`), or of
+    the test sentences spoken by a synthesiser family's voices (`demo_data.family_items`)."""
     if split in demo_data.FAMILIES:
         return demo_data.family_items(split, n, seed)
-    return getattr(demo_data, SPLITS[split][0])(n, seed)
+    return getattr(demo_data, f"{split}_items")(n, seed)
 
 
 def cached_clips(n: int, seed: int, cache: str, split: str = "test") -> list[tuple[np.ndarray, str]]:
@@ -110,7 +110,7 @@ def main(argv=None) -> None:
         beams = [int(b) for b in args.beams.split(",")]
     except ValueError:
         ap.error(f"--beams is a comma-separated list of integers, got {args.beams!r}")
-    most = SPLITS[args.split][1]
+    most = SPLITS[args.split]
     if not 1 <= args.clips <= most:
         ap.error(f"--clips is 1 to {most} for the {args.split} split, got {args.clips}")
 

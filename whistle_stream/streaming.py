@@ -70,8 +70,8 @@ class StreamSession:
         # pass before waits for a second pass at the pause (final after it in any case).
         # False commits the tail at the first pass that finds the pause.
         self.stable_at_pause = stable_at_pause
-        # A pass reads the utterance's committed words in one teacher-forced run (they are final)
-        # and searches only beyond them, instead of searching for the whole utterance again.
+        # Once an utterance has PREFILL_MIN_WORDS committed words, a pass reads them in one
+        # teacher-forced run (they are final) and searches only beyond them.
         self.prefill = prefill
         self.model = model
         self.rate = model.dims.rate
