@@ -232,6 +232,42 @@ def test_average_checkpoints_refuses_weights_that_do_not_fit(tmp_path, capsys):
     assert not (tmp_path / "x.cact").exists()
 
 
+def test_params_from_cact_read_the_shipped_model_back_into_params_that_pack_to_it(tmp_path):
+    """--init-cact: the shipped .cact read back into a params tree (every element of it held by the
+    file), packed again, gives the same file but for the engram tables, whose 32-wide rows fill a
+    128-wide CQ group with zeros that the dequantised rows cannot keep (under 1 % of its values)."""
+    pytest.importorskip("needle")
+    import jax
+    from needle.model import export
+    from needle.model.whistle import Whistle
+
+    shipped = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "whistle_stream", "models", "demo.cact")
+    cfg = tdm.whistle_config(512)
+    wav, lengths, tokens = np.zeros((1, 16000), np.float32), np.array([16000], np.int32), np.ones((1, 4), np.int32)
+    template = jax.device_get(Whistle(cfg).init(jax.random.PRNGKey(0), wav, lengths, tokens)["params"])
+    params, missing = tdm.params_from_cact(template, cfg, shipped)
+    assert missing == 0
+    again = tmp_path / "again.cact"
+    tdm.write_cact(params, cfg, str(again), export.read_tokenizer_blob(shipped), False)
+    _, before = export.read_export(shipped)
+    _, after = export.read_export(str(again))
+    assert len(before) == len(after)
+    differing = []
+    for i, (a, b) in enumerate(zip(before, after)):
+        if isinstance(a, (bytes, bytearray)):
+            assert a == b
+        elif not np.array_equal(a, b):
+            differing.append((i, np.shape(a), float(np.mean(a != b))))
+    assert [shape for _, shape, _ in differing] == [(cfg.slots * 4, 32)], differing
+    assert differing[0][2] < 0.01
+    # a model of another shape is refused by name
+    small = tdm.whistle_config(512, dim=64)
+    other = jax.device_get(Whistle(small).init(jax.random.PRNGKey(0), wav, lengths, tokens)["params"])
+    with pytest.raises(ValueError, match="packed for another shape|shaped"):
+        tdm.params_from_cact(other, small, shipped)
+
+
 # ---------------------------------------------------------------- SpecAugment (--spec-augment)
 
 def naive_spec_keep(f0, fw, t0, tw, frames, mels):

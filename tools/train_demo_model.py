@@ -468,6 +468,73 @@ def write_cact(params, cfg, path: str, blob: bytes, cq2: bool) -> dict:
     return {**info, "path": path}
 
 
+def params_from_cact(template, cfg, path: str):
+    """The params a .cact was packed from, as far as it holds them (CQ matrices dequantised, fp16
+    vectors widened): a second stage can start from a shipped model whose checkpoint is gone.
+
+    The packer only rearranges each leaf (transposes and reshapes) before quantising it, so the
+    rearrangement is read off by packing `template` with every element replaced by its own index;
+    the records of `path`, in the file's order, are then scattered back to those indices. A leaf
+    the file does not hold keeps `template`'s values; the record count and every shape must match.
+    """
+    import jax
+    from needle.model import export
+
+    leaves, treedef = jax.tree_util.tree_flatten(jax.device_get(template))
+    sizes = [int(np.prod(np.shape(a))) for a in leaves]
+    starts = np.cumsum([0] + sizes)
+    tagged = jax.tree_util.tree_unflatten(
+        treedef, [np.arange(a, a + n, dtype=np.float64).reshape(np.shape(leaf))
+                  for a, n, leaf in zip(starts, sizes, leaves)])
+    marks = []  # per record in file order: the element indices it holds, or None (not a param)
+
+    def mark(name, arr, *_):
+        marks.append(np.asarray(arr, np.float64))
+        return name
+
+    original_q, original_fp16, original_tensor = export._q, export._fp16, export._Tensor
+    export._q = export._fp16 = mark
+    export._Tensor = lambda *a, **k: marks.append(None)
+    try:
+        export._tensors(tagged, cfg.needle(), 4, 128, audio=cfg)
+    finally:
+        export._q, export._fp16, export._Tensor = original_q, original_fp16, original_tensor
+    from needle.model.quantize import _cq_codebook_np, _cq_hadamard_np
+
+    def unpack(packed, norms, out, in_dim, bits, group):
+        """A CQ record as the weights that pack back to it: CQ stores each group's norm and the
+        nearest codebook level of each coordinate of its unit vector; a group of levels is not a
+        unit vector, so the group is that direction at the stored norm (export's unpack, scaled)."""
+        in_pad = -(-in_dim // group) * group
+        unit = _cq_codebook_np(bits, group)[export._unpack_lsb(packed, bits, in_pad)].reshape(out, -1, group)
+        unit = unit / np.maximum(np.sqrt((unit ** 2).sum(-1, keepdims=True)), 1e-12)
+        w = (unit * norms.reshape(out, -1, 1).astype(np.float32)) @ _cq_hadamard_np(group)
+        return w.reshape(out, in_pad)[:, :in_dim]
+
+    original_unpack, export._cq_unpack = export._cq_unpack, unpack
+    try:
+        _, records = export.read_export(path)
+    finally:
+        export._cq_unpack = original_unpack
+    records = [r for r in records if not isinstance(r, (bytes, bytearray))]  # the tokenizer blob
+    if len(records) != len(marks):
+        raise ValueError(f"{path} holds {len(records)} tensors where a model of this shape has {len(marks)}: "
+                         "the .cact was packed for another shape")
+    flat = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in leaves])
+    seen = np.zeros(len(flat), bool)
+    for i, (ids, values) in enumerate(zip(marks, records)):
+        if ids is None:
+            continue
+        if ids.shape != np.shape(values):
+            raise ValueError(f"{path}: tensor {i} is shaped {np.shape(values)} where this model's is {ids.shape}")
+        index = ids.astype(np.int64).ravel()
+        flat[index] = np.ravel(values)
+        seen[index] = True
+    out = [flat[a:a + n].reshape(np.shape(leaf)).astype(np.asarray(leaf).dtype)
+           for a, n, leaf in zip(starts, sizes, leaves)]
+    return jax.tree_util.tree_unflatten(treedef, out), int((~seen).sum())
+
+
 def write_card(cact: str, vocabulary: list[str], cfg, note: str) -> None:
     digest = hashlib.sha256(open(cact, "rb").read()).hexdigest()
     card = {
@@ -572,6 +639,9 @@ def main(argv=None) -> None:
                          "--clips keeps its first stage's tokenizer)")
     ap.add_argument("--init", help="checkpoint .npz whose params and CTC head start the run (fresh optimiser "
                                    "and schedule: a second stage)")
+    ap.add_argument("--init-cact", help="a packed .cact (e.g. the shipped model) whose weights, dequantised, start "
+                                        "the run: a second stage when its checkpoint is gone (fresh CTC head, "
+                                        "optimiser and schedule)")
     ap.add_argument("--resume", help="checkpoint .npz to continue from (same shape); with --steps equal to "
                                      "its step, only scores it")
     ap.add_argument("--label-smoothing", type=float, default=0.0,
@@ -667,6 +737,18 @@ def main(argv=None) -> None:
         params = serialization.from_bytes(params, saved["params"].tobytes())
         head = jnp.asarray(saved["head"]) if "head" in saved else None
         start_step = int(saved["step"]) if args.resume else 0
+    elif args.init_cact:
+        from needle.model.export import read_tokenizer_blob
+        if read_tokenizer_blob(args.init_cact) != blob:
+            raise SystemExit(f"{args.init_cact}: its tokenizer is not the one this run trains (another --seed, "
+                             "--vocab, --tokenizer-clips or grammar): a second stage keeps its first stage's tokenizer")
+        try:
+            params, missing = params_from_cact(params, cfg, args.init_cact)
+        except ValueError as e:
+            raise SystemExit(str(e))
+        params = jax.tree.map(jnp.asarray, params)
+        log(f"params from {args.init_cact} ({missing} elements it does not hold keep their initial values); "
+            "CTC head fresh")
     count = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
     log(f"model dim {cfg.dim} heads {cfg.heads} enc {cfg.enc_layers} dec {cfg.dec_layers} "
         f"sites {cfg.sites} slots {cfg.slots} stem {cfg.stem}: {count / 1e6:.2f} M params; "
