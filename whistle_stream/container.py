@@ -89,6 +89,31 @@ class CQMatrix:
         return np.ascontiguousarray(w.reshape(out, groups * self.group)[:, :in_dim])
 
 
+@dataclass(frozen=True)
+class PackedCQ:
+    """A CQ record whose level indices stay packed in the file: rows are unpacked when asked for
+    (a table read a few rows at a time, such as the engram tables, never holds a byte per weight)."""
+
+    packed: np.ndarray  # (out, row bytes) uint8, a view of the file
+    norms: np.ndarray  # (out, in_pad // group) float16, a view of the file
+    codebook: np.ndarray  # (levels,) float32, already divided by sqrt(group)
+    bits: int  # the record's bits field (TERNARY_RECORD_BITS for the ternary crumbs)
+    group: int
+    shape: tuple[int, int]  # logical (out, in)
+
+    @property
+    def in_pad(self) -> int:
+        return -(-self.shape[1] // self.group) * self.group
+
+    def codes(self, rows=None) -> np.ndarray:
+        """(len(rows), in_pad) uint8 level indices of the given rows (all rows by default)."""
+        packed = self.packed if rows is None else self.packed[rows]
+        if self.bits == TERNARY_RECORD_BITS:
+            crumbs = unpack_lsb(packed, 2, self.in_pad)
+            return np.where(crumbs == 3, 0, crumbs + 1).astype(np.uint8)
+        return unpack_lsb(packed, self.bits, self.in_pad)
+
+
 def walsh_hadamard(n: int) -> np.ndarray:
     """The n x n Sylvester Hadamard matrix divided by sqrt(n), float32 (n a power of two)."""
     h = np.ones((1, 1), np.float64)
@@ -454,6 +479,15 @@ class CactFile:
 
     def cq(self, name: str) -> CQMatrix:
         """A CQ record with its level indices unpacked and its norms left in the file."""
+        p = self.packed_cq(name)
+        codes = p.codes()
+        if p.bits == TERNARY_RECORD_BITS and np.any(unpack_lsb(p.packed, 2, p.in_pad) == 2):
+            self._fail(f"record {self.record(name).index} ({name}): ternary crumb code 2 is not a level "
+                       "(codes are 3, 0, 1)")
+        return CQMatrix(codes, p.norms, p.codebook, p.bits, p.group, p.shape)
+
+    def packed_cq(self, name: str) -> PackedCQ:
+        """A CQ record left packed: its rows unpacked on demand, norms left in the file."""
         r = self.record(name)
         if r.dtype != CQ:
             raise TypeError(f"record {name!r} is {r.kind}, not CQ")
@@ -463,15 +497,10 @@ class CactFile:
         packed = np.frombuffer(self._buf, np.uint8, out * row, r.offset).reshape(out, row)
         norms = np.frombuffer(self._buf, np.float16, out * (in_pad // r.group), r.offset + out * row)
         if r.bits == TERNARY_RECORD_BITS:
-            crumbs = unpack_lsb(packed, 2, in_pad)
-            if np.any(crumbs == 2):
-                self._fail(f"record {r.index} ({name}): ternary crumb code 2 is not a level (codes are 3, 0, 1)")
-            codes = np.where(crumbs == 3, 0, crumbs + 1).astype(np.uint8)
             codebook = analytic_codebook(r.bits, r.group)
         else:
-            codes = unpack_lsb(packed, r.bits, in_pad)
             codebook = (analytic_codebook(1, r.group) if r.bits == 1 else self._codebook(r.bits, r.group))
-        return CQMatrix(codes, norms.reshape(out, in_pad // r.group), codebook, r.bits, r.group, (out, in_dim))
+        return PackedCQ(packed, norms.reshape(out, in_pad // r.group), codebook, r.bits, r.group, (out, in_dim))
 
     def _codebook(self, bits: int, group: int) -> np.ndarray:
         # The header stores each codebook already divided by sqrt(group) of the export's group size;

@@ -228,11 +228,10 @@ class _Engram:
 
     def __init__(self, cact, site: int):
         d = cact.dims
-        cq = cact.cq(f"engram{site}.tables")
-        self.codes = cq.codes
-        self.norms = np.ascontiguousarray(cq.norms, np.float32)
-        self.codebook = cq.codebook
-        self.group = cq.group
+        self.tables = cact.packed_cq(f"engram{site}.tables")  # a step reads a few rows of it
+        self.norms = np.ascontiguousarray(self.tables.norms, np.float32)
+        self.codebook = self.tables.codebook
+        self.group = self.tables.group
         self.kv = _LevelsLinear(cact, f"engram{site}.key_proj", f"engram{site}.value_proj")
         self.taps = cact.array(f"engram{site}.taps")  # (4, width)
         self.sub_dim = d.engram_sub_dim
@@ -470,7 +469,12 @@ class Decoder:
         d = self.dims
         key = np.empty((idx.shape[0], d.width), np.float32)
         value = np.empty_like(key)
-        _engram_site(idx, ok, e.codes, e.norms, e.codebook, e.group, d.engram_slots, e.sub_dim, e.kv.codes,
+        # The tables stay packed: the rows these positions read are unpacked here, and the kernel
+        # reads them as table rows 0, 1, ... (slots 0: row m * tables + t of the gathered rows).
+        n, tables = idx.shape
+        rows = (np.arange(tables, dtype=np.int64) * d.engram_slots + idx).reshape(-1)
+        gathered = np.arange(n * tables, dtype=idx.dtype).reshape(n, tables)
+        _engram_site(gathered, ok, e.tables.codes(rows), e.norms[rows], e.codebook, e.group, 0, e.sub_dim, e.kv.codes,
                      e.kv.norms, e.kv.levels, e.kv.group, e.taps, d.engram_dilation, state.engram_hist[site],
                      state.anc, state.rows, state.position, key, value)
         return key, value
