@@ -139,6 +139,19 @@ def test_opening_a_model_does_not_copy_its_weights(odd_model):
     assert peak < size / 4, (peak, size)
 
 
+@pytest.mark.parametrize("shape", ["tiny", "odd"])
+def test_packed_cq_rows_are_the_unpacked_records_rows(shape, request):
+    """An engram table stays packed (PackedCQ): any rows it unpacks equal those rows of the whole
+    record unpacked, and the packed bytes are a view of the file, not a copy."""
+    f = CactFile(request.getfixturevalue(f"{shape}_model").path)
+    for name in [r.name for r in f.records if r.kind.startswith("CQ")][:6] + ["engram0.tables"]:
+        packed, whole = f.packed_cq(name), f.cq(name)
+        rows = np.random.default_rng(0).integers(0, whole.shape[0], 9)
+        assert np.array_equal(packed.codes(rows), whole.codes[rows])
+        assert np.array_equal(packed.codes(), whole.codes)
+        assert not packed.packed.flags.owndata and packed.norms.shape == whole.norms.shape
+
+
 def test_walsh_hadamard_is_orthonormal_and_symmetric():
     h = walsh_hadamard(128)
     np.testing.assert_allclose(h @ h, np.eye(128), atol=1e-6)
