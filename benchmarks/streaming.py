@@ -99,6 +99,12 @@ def main(argv=None) -> None:
     ap.add_argument("--prefill", choices=("on", "off", "both"), default="on",
                     help="passes read the utterance's committed words in one teacher-forced run (on, the "
                          "engine's default), search them again (off), or each measure both ways in turn")
+    ap.add_argument("--rate", type=int, default=RATE,
+                    help="--accuracy streams heard as a microphone at this rate (16-bit PCM, resampled to 16 kHz "
+                         "by the server's audio path), e.g. 48000 as browsers capture; default 16000: as built")
+    ap.add_argument("--silence", choices=("new", "exact", "both"), default="new",
+                    help="--accuracy streams with the engine's digital silence (new: under one 16-bit step), "
+                         "the earlier rule (exact: only exact zeros), or each seed both ways in turn")
     args = ap.parse_args(argv)
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.prefill]
 
@@ -130,18 +136,46 @@ def main(argv=None) -> None:
     if args.full:
         full_pass_breakdown()
 
+    import whistle_stream.streaming as engine_streaming
+
+    rules = {"new": [engine_streaming.DIGITAL_SILENCE], "exact": [np.finfo(np.float32).tiny],
+             "both": [np.finfo(np.float32).tiny, engine_streaming.DIGITAL_SILENCE]}[args.silence]
     for seed in [int(x) for x in args.accuracy.split(",") if x.strip()]:
         for prefill in modes:
-            stream_accuracy(model, args.utterances, seed, prefill)
+            for silence in rules:
+                engine_streaming.DIGITAL_SILENCE = silence  # sound_span reads it at each call
+                if len(rules) > 1:
+                    print(f"  digital silence: {'only exact zeros' if silence < 1e-30 else 'under one 16-bit step'}")
+                stream_accuracy(model, args.utterances, seed, prefill, args.rate)
 
 
-def stream_accuracy(model, utterances: int, seed: int, prefill: bool = True) -> None:
+def as_microphone(audio: np.ndarray, rate: int) -> np.ndarray:
+    """16 kHz audio as the server hears a microphone at `rate`: 16-bit PCM at that rate, resampled
+    back to 16 kHz by the session's streaming resampler (service.audio.AudioPath, 0.1 s blocks)."""
+    import soxr
+
+    from service.audio import AudioPath, Chunk
+
+    padded = np.concatenate([audio, np.zeros(2 * RATE, np.float32)])  # the path hands on whole steps
+    pcm = np.clip(np.rint(soxr.resample(padded, RATE, rate) * 32767), -32768, 32767) / 32768.0
+    path = AudioPath(rate, vad=False)
+    block = rate // 10
+    heard = [c.audio for i in range(0, len(pcm), block)
+             for c in path.push(pcm[i:i + block].astype(np.float32), last=i + block >= len(pcm))
+             if isinstance(c, Chunk)]
+    return np.concatenate(heard)[:len(audio)].astype(np.float32)
+
+
+def stream_accuracy(model, utterances: int, seed: int, prefill: bool = True, rate: int = RATE) -> None:
     """The streaming accuracy lines on one stream: streamed WER minus the one-shot WER of the same
     utterances (target <= 1 point); words dropped or doubled at the stream's trim seams against the
-    one-shot words (target: none); and, stricter, words dropped + added anywhere."""
+    one-shot words (target: none); and, stricter, words dropped + added anywhere. With `rate` the
+    stream is heard as a microphone at that rate (`as_microphone`); the one-shot reads stay 16 kHz."""
     from harness.wer import edit_ops, normalise, seam_errors, wer
 
     audio, utts = build_stream(utterances, seed)
+    if rate != RATE:
+        audio = as_microphone(audio, rate)
     session, seams, words = StreamSession(model, prefill=prefill), [], []
     session.on_trim = seams.append
     for i in range(0, len(audio), RATE):
@@ -153,7 +187,7 @@ def stream_accuracy(model, utterances: int, seed: int, prefill: bool = True) -> 
     _, dropped, added = edit_ops(normalise(shot_text), normalise(streamed))
     at_seams = seam_errors(shot_words, words, seams, truth=[u[:3] for u in utts])
     s_wer, o_wer = wer([truth], [streamed]), wer([truth], [shot_text])
-    print(f"  stream seed {seed}{'' if prefill else ' (no prefill)'}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
+    print(f"  stream seed {seed}{'' if prefill else ' (no prefill)'}{'' if rate == RATE else f' ({rate} Hz microphone)'}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
           f"at {len(seams)} seams {len(at_seams['dropped'])} dropped + {len(at_seams['doubled']) + len(at_seams['across'])} "
           f"doubled; anywhere vs one-shot: {dropped} dropped + {added} added of {len(normalise(shot_text))} words")
 

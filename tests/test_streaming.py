@@ -272,6 +272,23 @@ def test_a_pass_leaves_out_digital_silence_at_the_buffer_start_and_most_of_it_at
     assert sound_span(np.zeros(100, np.float32), RATE) == (0, 0)
 
 
+def test_digital_silence_is_what_a_resampler_leaves_of_exact_zeros():
+    """A 48 kHz microphone resampled to 16 kHz turns exact zeros into values a few 1e-6 off zero
+    (ringing, float round-off); under one step of 16-bit PCM they are still digital silence, so
+    the pass is cut as it is for the exact zeros (streams heard through a 48 kHz microphone read up
+    to 20 points worse when they counted as sound). A 16-bit sample one step off zero is sound."""
+    from whistle_stream.streaming import DIGITAL_SILENCE, sound_span
+
+    rng = np.random.default_rng(0)
+    audio = np.concatenate([np.zeros(RATE, np.float32), np.full(RATE // 2, 0.1, np.float32),
+                            np.zeros(RATE, np.float32)])
+    rung = audio + (rng.uniform(-0.99, 0.99, len(audio)) * DIGITAL_SILENCE * (audio == 0)).astype(np.float32)
+    assert np.count_nonzero(rung) > 2 * RATE and sound_span(rung, RATE) == sound_span(audio, RATE)
+    blip = audio.copy()
+    blip[RATE // 2] = 1.0 / 32768                                # one 16-bit step: sound
+    assert sound_span(blip, RATE)[0] <= RATE // 2
+
+
 def test_a_pass_keeps_some_digital_silence_around_clean_speech():
     """Speech with no noise floor (its pauses are exact zeros) keeps CLEAN_MARGIN_S of the zeros
     on each side, as clips with silence around the speech are what the model was trained on."""

@@ -41,6 +41,10 @@ TRIM_MARGIN_S = 0.24
 HOLD_S = 1.0
 EDGE_ZEROS_S = 0.02  # digital silence a pass keeps after noisy speech (see sound_span)
 CLEAN_MARGIN_S = 0.3  # ... and on each side of clean speech (no noise floor)
+# Digital silence: samples under one step of 16-bit PCM (any 16-bit sample that is not zero is
+# sound). A resampler's ringing and float round-off leave exact zeros a few 1e-6 off zero (a 48 kHz
+# microphone resampled to 16 kHz), which is no sound.
+DIGITAL_SILENCE = 1.0 / 32768.0
 # A committed word may start this much before a pass's audio (its sound span starts inside the
 # word's first frames) and still be fed as the pass's prefix.
 PREFIX_SLACK_S = 0.1
@@ -404,7 +408,7 @@ def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_
     ("Lock the car." became "Lock the garage. Lock the front door."). Measured in the README's
     streaming section.
     """
-    nz = np.flatnonzero(audio)
+    nz = np.flatnonzero(np.abs(audio) >= DIGITAL_SILENCE)
     if not len(nz):
         return 0, 0
     first, last = int(nz[0]), int(nz[-1]) + 1
