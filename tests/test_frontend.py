@@ -91,6 +91,20 @@ def test_frames_are_centred_with_zero_padding():
     np.testing.assert_allclose(power[0, 0], dc, rtol=1e-5)
 
 
+def test_the_power_spectrum_in_blocks_equals_every_frame_at_once():
+    """power_spectrum runs FFT_BLOCK_FRAMES frames at a time (bounded temporaries): across the
+    blocks' edges every frame is the one-pass float64 computation, to the bit."""
+    rng = np.random.default_rng(3)
+    pcm = (0.1 * rng.standard_normal(HOP * (2 * F.FFT_BLOCK_FRAMES + 37))).astype(np.float32)
+    padded = np.zeros(len(pcm) // HOP * HOP + WIN, np.float32)
+    padded[WIN // 2:WIN // 2 + len(pcm)] = pcm[:len(padded) - WIN // 2]
+    frames = np.lib.stride_tricks.sliding_window_view(padded, WIN)[::HOP][:len(pcm) // HOP]
+    framed = np.zeros((len(frames), FFT))
+    framed[:, :WIN] = frames * F.hann_symmetric(WIN)
+    spec = np.fft.rfft(framed, axis=1)
+    assert np.array_equal(F.power_spectrum(pcm, HOP, WIN, FFT), (spec.real ** 2 + spec.imag ** 2).astype(np.float32))
+
+
 def test_frame_count_is_samples_floor_divided_by_hop():
     for n in (0, 159, 160, 161, 16077):
         assert F.log_mel(np.ones(n, np.float32) * 0.1, MEL, HOP, WIN).shape == (n // HOP, MELS)
