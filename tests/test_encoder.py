@@ -43,7 +43,9 @@ def twin_stem(feats, w, dws, pws, out):
     return (np.clip(np.round(flat / scale), -128, 127) * scale) @ out.T
 
 
-@pytest.mark.parametrize("frames,mels", [(37, 80), (8, 80), (1, 80), (12, 7)])
+# the stem makes E.STEM_BLOCK_FRAMES output frames (8 feature rows each) at a time: the last three
+# cross block edges (two blocks exactly, one row over, three blocks and a part)
+@pytest.mark.parametrize("frames,mels", [(37, 80), (8, 80), (1, 80), (12, 7), (1024, 12), (1025, 12), (1557, 20)])
 def test_stem_matches_section3_twin(frames, mels):
     c, width, stages = 6, 10, 3
     m_out = mels

@@ -17,6 +17,9 @@ from .kernels.encoder import _conv_time, _stem_conv_in, _stem_depthwise
 
 
 
+STEM_BLOCK_FRAMES = 64  # encoder frames (80 ms each) the stem makes at a time (bounds its activations)
+
+
 def halve(n: int) -> int:
     """A stride-2 stage with padding 1 and kernel 3: n -> ceil(n / 2)."""
     return (n + 1) // 2
@@ -39,19 +42,48 @@ class Stem:
         self.channels = self.w.shape[1]
 
     def __call__(self, feats: np.ndarray) -> np.ndarray:
-        """feats (T, mels) float32 -> (frames, width) with frames = T halved `stages` times."""
-        t, m = feats.shape
+        """feats (T, mels) float32 -> (frames, width) with frames = T halved `stages` times.
+
+        Every stage is row-local in time (a stride-2 conv reads three input rows per output row;
+        the pointwise maps, SiLU and the int8 fake-quant are per row), so the output is made
+        STEM_BLOCK_FRAMES frames at a time from the feature rows they read: the first stage's
+        activation of 30 s (T/2 x mels/2 x channels) is never held whole.
+        """
+        feats = np.ascontiguousarray(feats, np.float32)
+        sizes = [feats.shape[0]]
+        for _ in range(self.stages):
+            sizes.append(halve(sizes[-1]))
+        out = np.empty((sizes[-1], self.out.shape[0]), np.float32)
+        for a in range(0, sizes[-1], STEM_BLOCK_FRAMES):
+            b = min(sizes[-1], a + STEM_BLOCK_FRAMES)
+            out[a:b] = self._block(feats, sizes, a, b)
+        return out
+
+    def _block(self, feats: np.ndarray, sizes: list[int], a: int, b: int) -> np.ndarray:
+        """Output frames [a, b). Stage k's rows [lo, hi) read stage k-1's rows [2lo-1, 2hi-1],
+        zero outside; a slice from row 2lo-2 (even) gives outputs lo-1 .. hi-1 with the slice's
+        own zero above its first row, so output lo-1 (wrong unless lo is 0) is dropped."""
+        need = [(a, b)]
+        for k in range(self.stages, 0, -1):
+            lo, hi = need[0]
+            need.insert(0, (max(0, 2 * lo - 2), min(sizes[k - 1], 2 * hi)))
         c = self.channels
-        x = np.empty((halve(t), halve(m), c), np.float32)
-        _stem_conv_in(np.ascontiguousarray(feats, np.float32), self.w, x)
-        B.silu_inplace(x)
-        for dw, pw in zip(self.dw, self.pw):
-            y = np.empty((halve(x.shape[0]), halve(x.shape[1]), c), np.float32)
-            _stem_depthwise(x, dw, y)
-            rows = y.shape[0] * y.shape[1]
-            x = pw(y.reshape(rows, c))
-            B.silu_inplace(x)
-            x = x.reshape(y.shape)
+        lo, hi = need[0]
+        x = feats[lo:hi]
+        for k in range(1, self.stages + 1):
+            first = lo // 2                        # the global row of this slice's first output
+            y = np.empty((halve(x.shape[0]), halve(feats.shape[1] if k == 1 else x.shape[1]), c), np.float32)
+            if k == 1:
+                _stem_conv_in(x, self.w, y)
+                B.silu_inplace(y)
+            else:
+                _stem_depthwise(x, self.dw[k - 2], y)
+                rows = y.shape[0] * y.shape[1]
+                y = self.pw[k - 2](y.reshape(rows, c))
+                B.silu_inplace(y)
+                y = y.reshape(-1, halve(x.shape[1]), c)
+            lo, hi = need[k]
+            x = y[lo - first:hi - first]
         frames = x.shape[0]
         flat = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(frames, -1)  # channel-major: index c * mel_bands + f
         return self.out(B.fake_quant_int8(flat))
