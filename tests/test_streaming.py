@@ -289,6 +289,45 @@ def test_digital_silence_is_what_a_resampler_leaves_of_exact_zeros():
     assert sound_span(blip, RATE)[0] <= RATE // 2
 
 
+class Babbler(FakeModel):
+    """Reads any audio under `short_s` seconds as a whole sentence (a small model's reading of a
+    noise burst); longer audio as the fake hears it."""
+
+    def __init__(self, short_s: float):
+        super().__init__()
+        self.short_s = short_s
+
+    def transcribe_words(self, audio, **kw):
+        heard = super().transcribe_words(audio, **kw)
+        if heard["speech"] and len(audio) / RATE < self.short_s:
+            said = "Will it rain in Berlin tomorrow?".split()
+            step = len(audio) / RATE / len(said)
+            heard["words"] = [{"word": w, "start": i * step, "end": (i + 1) * step, "probability": 0.9}
+                              for i, w in enumerate(said)]
+        return heard
+
+
+def test_more_words_than_the_audio_could_hold_are_not_heard():
+    """A 0.6 s noise burst read as a six-word sentence is not committed when the utterance ends
+    (finalize), and the reading does not cut the buffer: the words after it still come."""
+    from whistle_stream.streaming import MAX_WORDS_PER_S, sayable
+
+    assert sayable(4, 0.5) and not sayable(6, 0.6) and sayable(int(MAX_WORDS_PER_S * 2) + 1, 2.0)
+    burst = np.full(int(0.6 * RATE), UNIT, np.float32)
+    session = StreamSession(Babbler(short_s=0.8))
+    out = session.feed(burst)
+    out = session.finalize()
+    assert out["words"] == [] and session.pending_text == ""
+    z = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
+    words = session.feed(np.concatenate([z(0.5), np.full(int(1.2 * RATE), 2 * UNIT, np.float32), z(1.5)]))["words"]
+    words += session.finish()["words"]
+    assert [w["word"] for w in words] == ["w1"]
+    # the same words in audio long enough to say them are heard
+    said = StreamSession(Babbler(short_s=1.5))
+    said.feed(np.full(int(1.2 * RATE), UNIT, np.float32))
+    assert [w["word"] for w in said.finalize()["words"]][:2] == ["Will", "it"]
+
+
 def test_a_pass_keeps_some_digital_silence_around_clean_speech():
     """Speech with no noise floor (its pauses are exact zeros) keeps CLEAN_MARGIN_S of the zeros
     on each side, as clips with silence around the speech are what the model was trained on."""

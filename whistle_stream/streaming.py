@@ -45,6 +45,7 @@ CLEAN_MARGIN_S = 0.3  # ... and on each side of clean speech (no noise floor)
 # sound). A resampler's ringing and float round-off leave exact zeros a few 1e-6 off zero (a 48 kHz
 # microphone resampled to 16 kHz), which is no sound.
 DIGITAL_SILENCE = 1.0 / 32768.0
+MAX_WORDS_PER_S = 6.0  # a pass reading more words than this a second of its audio heard none (see sayable)
 # A committed word may start this much before a pass's audio (its sound span starts inside the
 # word's first frames) and still be fed as the pass's prefix.
 PREFIX_SLACK_S = 0.1
@@ -253,17 +254,24 @@ class StreamSession:
             result = self.model.transcribe_words(
                 heard[first:last], language=self.language or None, keywords=self.keywords, beams=self.beams,
                 open_end=gap is None, prefix=self._prefix(offset))
-            if result["speech"] and len(levels):
-                self._speech_level = speech_level(levels)
         self.passes += 1
         words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"])
                  for w in result["words"]]
+        unsayable = result["speech"] and not sayable(len(words), (last - first) / self.rate)
+        if unsayable:
+            # More words than the audio could hold: a reading of a noise burst or the first
+            # breath of an utterance ("Will it rain in Berlin tomorrow?" from the 0.7 s of noise
+            # before a sentence, committed when the VAD ended that "utterance"). The pass counts
+            # for nothing: no words, and the buffer stays as it is for the next pass.
+            words, result = [], {**result, "speech": False}
+        if result["speech"] and len(levels):
+            self._speech_level = speech_level(levels)
         if result["language"] and not self.language:
             self.language = result["language"]  # detected on the first pass with speech, then held
         if result["speech"]:
             hold = None if gap is not None else end / self.rate - HOLD_S
             self._commit(self.policy.update(words, hold), out)
-        elif gap is None:
+        elif gap is None and not unsayable:
             # Silence gate (§8): no speech yet, the buffer is a pause, but the newest step is kept:
             # a quiet lead-in (breath, room noise) that the gate passed over may be the start of the
             # next utterance, and the model was trained on clips with 0.1-0.8 s of it. With all but
@@ -419,6 +427,12 @@ def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_
             margin = int(margin_s * rate)
             return max(0, first - margin), min(len(audio), last + margin)
     return first, min(len(audio), last + int(keep_s * rate))
+
+
+def sayable(words: int, seconds: float) -> bool:
+    """Whether `words` words fit in `seconds` of audio: at most MAX_WORDS_PER_S a second, plus one
+    (fast read English runs 4-5 words a second; a word cut at a pass's edge counts whole)."""
+    return words <= MAX_WORDS_PER_S * seconds + 1
 
 
 def _join(words: Iterable[Word]) -> str:
