@@ -178,7 +178,7 @@ class StreamSession:
             # the buffer (the start of the next utterance) gets its own pass before the flush.
             while start != self._buffer_start and np.any(self._buffer):
                 start = self._buffer_start
-                self._pass_and_report(self._received, out)
+                self._pass_and_report(self._received, out, closing=True)
         self._commit(self.policy.flush(), out)
         self._cut_utterance(self._received)
         return self._finish_dict(out)
@@ -212,18 +212,19 @@ class StreamSession:
     def _empty(self) -> dict:
         return {"words": [], "pass_ms": 0.0}
 
-    def _pass_and_report(self, end: int, out: dict) -> None:
+    def _pass_and_report(self, end: int, out: dict, closing: bool = False) -> None:
         if self.on_pass is None:
-            self._run_pass(end, out)
+            self._run_pass(end, out, closing)
             return
         single = self._empty()
-        self._run_pass(end, single)
+        self._run_pass(end, single, closing)
         out["words"].extend(single["words"])
         out["pass_ms"] += single["pass_ms"]
         self.on_pass(self._finish_dict(single, received=end))
 
-    def _run_pass(self, end: int, out: dict) -> None:
-        """Transcribe the buffer up to sample `end` and update commits/pending."""
+    def _run_pass(self, end: int, out: dict, closing: bool = False) -> None:
+        """Transcribe the buffer up to sample `end` and update commits/pending. `closing`: the
+        pass of finalize(), whose reading is committed without a second one."""
         t0 = time.perf_counter()
         audio = self._buffer[: end - self._buffer_start]
         # An utterance that ended at a pause in the newest step is heard alone, up to the pause, as
@@ -257,12 +258,15 @@ class StreamSession:
         self.passes += 1
         words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"])
                  for w in result["words"]]
-        unsayable = result["speech"] and not sayable(len(words), (last - first) / self.rate)
+        unsayable = (result["speech"] and (closing or gap is not None)
+                     and not sayable(len(words), (last - first) / self.rate))
         if unsayable:
-            # More words than the audio could hold: a reading of a noise burst or the first
-            # breath of an utterance ("Will it rain in Berlin tomorrow?" from the 0.7 s of noise
-            # before a sentence, committed when the VAD ended that "utterance"). The pass counts
-            # for nothing: no words, and the buffer stays as it is for the next pass.
+            # A reading about to be committed (the utterance ends here) with more words than its
+            # audio could hold: a noise burst or the first breath of an utterance read as a
+            # sentence ("Will it rain in Berlin tomorrow?" from the 0.7 s of noise before a
+            # sentence, committed when the VAD ended that "utterance"). The pass counts for
+            # nothing: no words, and the buffer stays as it is. (An open pass reading ahead of
+            # its audio only shows pending words; the next pass reads them again.)
             words, result = [], {**result, "speech": False}
         if result["speech"] and len(levels):
             self._speech_level = speech_level(levels)
