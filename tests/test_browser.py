@@ -105,8 +105,9 @@ def heard_wav(pcm: np.ndarray, rate: int) -> tuple[np.ndarray, int, float]:
     """The captured audio at 16 kHz, where the WAV starts in it (samples; negative: the capture
     began inside the WAV), and how faithfully it holds the WAV: the lowest correlation of any
     sounding 1 s window of the WAV with the capture, each found within 0.5 s of where the one
-    before it was (1.0: every sample there; an audio render glitch of the browser shifts what
-    follows by a few ms and is found; audio that never reached the page is not)."""
+    before it was (1.0: every sample there). Chromium's capture inserts 10 ms now and then when its
+    audio thread falls behind (seen: 30 ms over a 3-minute stream): what follows is found shifted,
+    and a window across the insertion reads 0.7-0.9. Audio that never reached the page reads ~0."""
     import soxr
 
     heard = soxr.resample(pcm.astype(np.float32) / 32768.0, rate, RATE).astype(np.float32)
@@ -290,7 +291,7 @@ def test_the_page_captions_the_microphone_within_the_streaming_line(live, speech
     assert committed != pending and style == "italic"          # pending text is styled apart
     assert live["errors"] == []                                 # nothing in the console
     assert (ARTIFACTS / "captions.png").stat().st_size > 10_000
-    if fidelity < 0.9:   # seen once in six runs: the WAV's sentences are not where the line would cut them
+    if fidelity < 0.5:   # seen once in six runs: the WAV's sentences are not where the line would cut them
         pytest.xfail(f"Chromium's capture does not hold the microphone WAV (lowest window correlation "
                      f"{fidelity:.3f}, page WER {100 * got:.1f} %): the streaming line cannot be judged on it")
     assert got <= alone + STREAMING_LINE
