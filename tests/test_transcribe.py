@@ -86,9 +86,10 @@ def _engine_beam_oracle(engine, reference, pcm, language=None, trace=None):
 
 # The largest difference per generated token between the engine's and the reference's score of one
 # beam proposal (a sum of text log-probs) that the 5-beam parity tests accept. Measured where the
-# searches part: 0.21-0.64 after 2-7 tokens (0.06-0.10 per token), against decision margins of
-# 0.0002-0.05 there.
-BEAM_SCORE_DELTA = 0.25
+# searches part: 0.21-0.64 after 2-7 tokens (0.06-0.10 per token) on Intel Xeons, against decision
+# margins of 0.0002-0.05 there; on an AMD EPYC (2026-12-02) the odd model's espeak clip parts after
+# 2 tokens with 0.506 (0.25 per token), its margin within twice that.
+BEAM_SCORE_DELTA = 0.3
 
 
 def _beam_decisions_part_at_a_near_tie(ref_trace, eng_trace):
