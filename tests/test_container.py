@@ -229,6 +229,18 @@ def test_an_unknown_cq_width_is_refused(tmp_path, good_blob):
 
 
 @pytest.mark.reference
+def test_a_ternary_crumb_that_is_not_a_level_is_refused_packed_or_unpacked(tmp_path, good_blob):
+    """A CQ2 record relabelled ternary (the same 2-bit crumbs, as many bytes) holds crumb code 2,
+    which no ternary level has: refused when the record is read, whether it stays packed (the
+    engram tables) or is unpacked."""
+    f = CactFile(_write(tmp_path, _rewrite_record(good_blob, 2, bits=5)))
+    name = f.records[2].name
+    for read in (f.packed_cq, f.cq):
+        with pytest.raises(ModelFormatError, match=f"record 2 \\({name}\\): ternary crumb code 2 is not a level"):
+            read(name)
+
+
+@pytest.mark.reference
 def test_a_wrong_tag_is_refused(tmp_path, good_blob):
     with pytest.raises(ModelFormatError, match="tag 0x"):
         _load(tmp_path, b"\x00\x00\x00\x00" + good_blob[4:])

@@ -480,11 +480,7 @@ class CactFile:
     def cq(self, name: str) -> CQMatrix:
         """A CQ record with its level indices unpacked and its norms left in the file."""
         p = self.packed_cq(name)
-        codes = p.codes()
-        if p.bits == TERNARY_RECORD_BITS and np.any(unpack_lsb(p.packed, 2, p.in_pad) == 2):
-            self._fail(f"record {self.record(name).index} ({name}): ternary crumb code 2 is not a level "
-                       "(codes are 3, 0, 1)")
-        return CQMatrix(codes, p.norms, p.codebook, p.bits, p.group, p.shape)
+        return CQMatrix(p.codes(), p.norms, p.codebook, p.bits, p.group, p.shape)
 
     def packed_cq(self, name: str) -> PackedCQ:
         """A CQ record left packed: its rows unpacked on demand, norms left in the file."""
@@ -497,6 +493,9 @@ class CactFile:
         packed = np.frombuffer(self._buf, np.uint8, out * row, r.offset).reshape(out, row)
         norms = np.frombuffer(self._buf, np.float16, out * (in_pad // r.group), r.offset + out * row)
         if r.bits == TERNARY_RECORD_BITS:
+            # every crumb of the record, checked in the packed bytes (rows unpacked later must be levels)
+            if any(np.any((packed >> shift) & 3 == 2) for shift in (0, 2, 4, 6)):
+                self._fail(f"record {r.index} ({name}): ternary crumb code 2 is not a level (codes are 3, 0, 1)")
             codebook = analytic_codebook(r.bits, r.group)
         else:
             codebook = (analytic_codebook(1, r.group) if r.bits == 1 else self._codebook(r.bits, r.group))
