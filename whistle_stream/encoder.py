@@ -72,7 +72,7 @@ class Stem:
         x = feats[lo:hi]
         for k in range(1, self.stages + 1):
             first = lo // 2                        # the global row of this slice's first output
-            y = np.empty((halve(x.shape[0]), halve(feats.shape[1] if k == 1 else x.shape[1]), c), np.float32)
+            y = np.empty((halve(x.shape[0]), halve(x.shape[1]), c), np.float32)
             if k == 1:
                 _stem_conv_in(x, self.w, y)
                 B.silu_inplace(y)
