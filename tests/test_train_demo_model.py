@@ -268,6 +268,18 @@ def test_params_from_cact_read_the_shipped_model_back_into_params_that_pack_to_i
         tdm.params_from_cact(other, small, shipped)
 
 
+def test_init_cact_names_a_file_that_is_not_a_cact_and_refuses_a_second_start(tmp_path, capsys):
+    pytest.importorskip("needle")
+    bad = tmp_path / "notes.cact"
+    bad.write_bytes(b"RIFF" + bytes(400))
+    for argv, said in (([ "--init-cact", str(bad)], "not a readable .cact with a tokenizer"),
+                       (["--init-cact", str(bad), "--init", "x.npz"], "give one of them")):
+        with pytest.raises(SystemExit):
+            tdm.main(argv + ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "m.cact")])
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()          # refused before any clip is made
+
+
 # ---------------------------------------------------------------- SpecAugment (--spec-augment)
 
 def naive_spec_keep(f0, fw, t0, tw, frames, mels):

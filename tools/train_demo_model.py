@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import struct
 import sys
 import time
 
@@ -657,6 +658,16 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if not 0.0 <= args.label_smoothing < 1.0:
         ap.error(f"--label-smoothing is a share from 0 to 1 (exclusive), got {args.label_smoothing}")
+    packed_blob = None  # --init-cact's tokenizer, read before any clip is synthesised
+    if args.init_cact:
+        if args.init or args.resume:
+            ap.error("--init-cact starts a run from a packed model; --init and --resume start it from a "
+                     "checkpoint: give one of them")
+        from needle.model.export import read_tokenizer_blob
+        try:
+            packed_blob = read_tokenizer_blob(args.init_cact)
+        except (OSError, ValueError, struct.error) as e:
+            ap.error(f"--init-cact {args.init_cact}: not a readable .cact with a tokenizer ({e})")
     if args.average < 1:
         ap.error(f"--average is a number of exports, at least 1, got {args.average}")
     if not 0.0 <= args.perturb < 0.5:
@@ -738,8 +749,7 @@ def main(argv=None) -> None:
         head = jnp.asarray(saved["head"]) if "head" in saved else None
         start_step = int(saved["step"]) if args.resume else 0
     elif args.init_cact:
-        from needle.model.export import read_tokenizer_blob
-        if read_tokenizer_blob(args.init_cact) != blob:
+        if packed_blob != blob:
             raise SystemExit(f"{args.init_cact}: its tokenizer is not the one this run trains (another --seed, "
                              "--vocab, --tokenizer-clips or grammar): a second stage keeps its first stage's tokenizer")
         try:
