@@ -304,13 +304,21 @@ def test_subtitle_downloads_parse_and_match_the_committed_words(live):
     import srt
     import webvtt
 
+    from whistle_stream.subtitles import make_cues
+
     words = [w for w in live["state"]["words"] if w["word"].strip()]
     cues = list(srt.parse(live["files"]["srt"]))
     assert " ".join(c.content.replace("\n", " ") for c in cues).split() == [w["word"] for w in words]
-    starts = {round(w["start"], 3) for w in words}
-    assert all(round(c.start.total_seconds(), 3) in starts for c in cues)
+    # each cue's times are its words' (whistle_stream.subtitles' rules, the CLI's), to the millisecond
+    expected = make_cues(words)
+    assert [(round(c.start.total_seconds() * 1000), round(c.end.total_seconds() * 1000), c.content.split("\n"))
+            for c in cues] == [(round(c.start * 1000), round(c.end * 1000), list(c.lines)) for c in expected]
+    assert [round(c.start.total_seconds(), 3) for c in cues] == [
+        round(words[sum(len(e.text.split()) for e in expected[:i])]["start"], 3) for i in range(len(expected))]
     vtt = list(webvtt.from_buffer(io.StringIO(live["files"]["vtt"])))
-    assert [c.text for c in vtt] == [c.content for c in cues]
+    stamp = srt.timedelta_to_srt_timestamp
+    assert [(c.start.replace(".", ","), c.end.replace(".", ","), c.text) for c in vtt] == [
+        (stamp(c.start), stamp(c.end), c.content) for c in cues]
     assert live["files"]["txt"].strip() == live["state"]["transcript"].strip()
 
 
@@ -343,9 +351,11 @@ def test_the_page_reconnects_and_continues_when_the_server_restarts(speech, mode
         servers[0].stop()                                     # SIGTERM: drains, final(shutdown) with a token
         seen.append(wait_for(lambda: "reconnecting" in page_state(driver)["status"] and
                              page_state(driver)["statusClass"], 10, "the reconnecting status"))
+        driver.save_screenshot(str(ARTIFACTS / "captions-reconnecting.png"))
         servers.append(ServerProcess("--resume-secret", SECRET, "--port", str(port)).start())
         wait_for(lambda: "live again" in page_state(driver)["status"], 30, "the page to resume")
 
+    ARTIFACTS.mkdir(exist_ok=True)
     driver = browser(wav, tmp_path)
     try:
         state = stream_through_page(driver, servers[0], seconds, during=restart)
