@@ -289,6 +289,21 @@ def test_digital_silence_is_what_a_resampler_leaves_of_exact_zeros():
     assert sound_span(blip, RATE)[0] <= RATE // 2
 
 
+def test_finishing_a_buffer_of_sub_step_values_runs_no_pass():
+    """A buffer holding only digital silence a resampler left a few 1e-6 off zero (a muted 48 kHz
+    microphone) has nothing to read: finish runs no pass over it, as for exact zeros."""
+    from whistle_stream.streaming import DIGITAL_SILENCE
+
+    for fill in (np.zeros(RATE // 2, np.float32),
+                 (np.random.default_rng(0).uniform(-0.99, 0.99, RATE // 2) * DIGITAL_SILENCE).astype(np.float32)):
+        model = FakeModel()
+        session = StreamSession(model)
+        session.feed(fill[: RATE // 4])   # under a step's worth of audio: no pass yet
+        before = len(model.passes)
+        out = session.finish()
+        assert out["words"] == [] and len(model.passes) == before, model.passes
+
+
 class Babbler(FakeModel):
     """Reads any audio under `short_s` seconds as a whole sentence (a small model's reading of a
     noise burst); longer audio as the fake hears it."""

@@ -176,7 +176,7 @@ class StreamSession:
             start = -1
             # A pass that ends an utterance at a pause hears only the audio before it; the rest of
             # the buffer (the start of the next utterance) gets its own pass before the flush.
-            while start != self._buffer_start and np.any(self._buffer):
+            while start != self._buffer_start and np.any(np.abs(self._buffer) >= DIGITAL_SILENCE):
                 start = self._buffer_start
                 self._pass_and_report(self._received, out, closing=True)
         self._commit(self.policy.flush(), out)
