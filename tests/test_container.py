@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from whistle_stream.container import ALIGN, HEADER, RECORD, CactFile, walsh_hadamard
+from whistle_stream.container import ALIGN, HEADER, RECORD, CactFile, unpack_lsb, walsh_hadamard
 from whistle_stream.errors import ModelFormatError
 
 export = pytest.importorskip("needle.model.export", reason="needs the cactus-needle reference")
@@ -150,6 +150,34 @@ def test_packed_cq_rows_are_the_unpacked_records_rows(shape, request):
         assert np.array_equal(packed.codes(rows), whole.codes[rows])
         assert np.array_equal(packed.codes(), whole.codes)
         assert not packed.packed.flags.owndata and packed.norms.shape == whole.norms.shape
+
+
+@pytest.mark.parametrize("shape", ["tiny", "odd", "full"])
+def test_packed_rows_dequantise_to_exactly_the_whole_matrixs_rows(shape, request):
+    """The decoder's input rows are dequantised as tokens are fed (PackedCQ.rows): each equals,
+    bit for bit, that row of the whole record dequantised (the table the decoder held before)."""
+    f = CactFile(request.getfixturevalue(f"{shape}_model").path)
+    for name in ("embedding", "layer00.q_proj", "engram0.tables"):
+        packed, whole = f.packed_cq(name), f.array(name)
+        for rows in (np.arange(whole.shape[0]), np.array([3]), np.random.default_rng(1).integers(0, whole.shape[0], (5, 1))):
+            got = packed.rows(rows)
+            assert got.dtype == np.float32 and np.array_equal(got, whole[rows.reshape(-1)]), (name, rows.shape)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+def test_unpacking_reads_each_field_lsb_first(bits):
+    """unpack_lsb (a shift and mask per field where fields fill whole bytes) against reading the
+    bitstream one bit at a time, with and without a partial last byte."""
+    packed = np.random.default_rng(bits).integers(0, 256, (6, 24), dtype=np.uint8)
+    for count in (24 * 8 // bits, 24 * 8 // bits - 3):
+        want = np.zeros((6, count), np.uint8)
+        for r in range(6):
+            for i in range(count):
+                for b in range(bits):
+                    k = i * bits + b
+                    want[r, i] |= ((int(packed[r, k // 8]) >> (k % 8)) & 1) << b
+        got = unpack_lsb(packed, bits, count)
+        assert got.flags.c_contiguous and np.array_equal(got, want)
 
 
 def test_walsh_hadamard_is_orthonormal_and_symmetric():

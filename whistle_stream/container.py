@@ -12,6 +12,7 @@ demand, so the reader itself never holds a second copy of the weights.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -79,14 +80,21 @@ class CQMatrix:
 
     def dequantize(self) -> np.ndarray:
         """(out, in) float32: per group (codebook[idx] * norm) @ H, H the normalised Walsh-Hadamard."""
-        out, in_dim = self.shape
-        groups = self.codes.shape[1] // self.group
-        rot = self.codebook[self.codes].reshape(out, groups, self.group)
-        rot *= self.norms.astype(np.float32)[:, :, None]
-        # A stack of (groups, group) products, as export._cq_unpack computes it, so the float32
-        # sums run in the same order and the result is bit-identical.
-        w = rot @ walsh_hadamard(self.group)
-        return np.ascontiguousarray(w.reshape(out, groups * self.group)[:, :in_dim])
+        return dequantize_rows(self.codes, self.norms, self.codebook, self.group, self.shape[1])
+
+
+def dequantize_rows(codes: np.ndarray, norms: np.ndarray, codebook: np.ndarray, group: int,
+                    in_dim: int) -> np.ndarray:
+    """Rows of a CQ matrix as float32 (len(codes), in_dim) from their level indices (rows, in_pad)
+    and fp16 norms (rows, in_pad // group): per group (codebook[idx] * norm) @ H."""
+    rows = codes.shape[0]
+    groups = codes.shape[1] // group
+    rot = codebook[codes].reshape(rows, groups, group)
+    rot *= norms.astype(np.float32)[:, :, None]
+    # A stack of (groups, group) products, as export._cq_unpack computes it, so the float32 sums
+    # run in the same order and the result is bit-identical (a row alike whichever rows come with it).
+    w = rot @ walsh_hadamard(group)
+    return np.ascontiguousarray(w.reshape(rows, groups * group)[:, :in_dim])
 
 
 @dataclass(frozen=True)
@@ -113,13 +121,22 @@ class PackedCQ:
             return np.where(crumbs == 3, 0, crumbs + 1).astype(np.uint8)
         return unpack_lsb(packed, self.bits, self.in_pad)
 
+    def rows(self, rows) -> np.ndarray:
+        """The given rows dequantised, float32 (len(rows), in): exactly those of the whole matrix."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        return dequantize_rows(self.codes(rows), self.norms[rows], self.codebook, self.group, self.shape[1])
 
+
+@functools.lru_cache(maxsize=None)
 def walsh_hadamard(n: int) -> np.ndarray:
-    """The n x n Sylvester Hadamard matrix divided by sqrt(n), float32 (n a power of two)."""
+    """The n x n Sylvester Hadamard matrix divided by sqrt(n), float32 (n a power of two); one
+    read-only array per n (a decoder step dequantises its input rows with it)."""
     h = np.ones((1, 1), np.float64)
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
-    return (h / np.sqrt(n)).astype(np.float32)
+    h = (h / np.sqrt(n)).astype(np.float32)
+    h.setflags(write=False)
+    return h
 
 
 def analytic_codebook(bits: int, group: int) -> np.ndarray:
@@ -139,6 +156,12 @@ def _packed_row_bytes(in_pad: int, bits: int) -> int:
 
 def unpack_lsb(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     """(rows, bytes) uint8 LSB-first bitstreams -> (rows, count) uint8 fields of `bits` bits."""
+    if 8 % bits == 0:   # whole fields per byte: field j of a byte is (byte >> j * bits) & mask
+        per, mask = 8 // bits, (1 << bits) - 1
+        out = np.empty((packed.shape[0], packed.shape[1], per), np.uint8)
+        for j in range(per):
+            np.bitwise_and(packed >> np.uint8(j * bits), np.uint8(mask), out=out[:, :, j])
+        return np.ascontiguousarray(out.reshape(packed.shape[0], -1)[:, :count])
     stream = np.unpackbits(packed, axis=1, bitorder="little")[:, : count * bits]
     fields = stream.reshape(packed.shape[0], count, bits)
     weights = (1 << np.arange(bits, dtype=np.uint16)).astype(np.uint8)
