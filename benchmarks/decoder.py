@@ -36,8 +36,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness_model import shipped_size_embedding  # noqa: E402
 from whistle_stream import kernels  # noqa: E402
-from whistle_stream.container import CactFile, CQMatrix  # noqa: E402
+from whistle_stream.container import CactFile  # noqa: E402
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT, Decoder, sinusoids  # noqa: E402
 
 EPS = 1e-6
@@ -91,7 +92,7 @@ class NumpyDecoder:
         self.engram = {s: (a(f"engram{s}.tables"), a(f"engram{s}.key_proj"), a(f"engram{s}.value_proj"))
                        for s in dec.engrams}
         self.head = head
-        self.embedding = dec.embedding
+        self.embedding = head  # the dequantised table: every input row, as the baseline keeps it
 
     def start(self, enc):
         d, dec = self.d, self.dec
@@ -215,24 +216,9 @@ class NumpyDecoder:
 def widen_head(dec: Decoder, cact: CactFile, vocab: int, seed: int = 0) -> np.ndarray:
     """Give `dec` a random CQ4 embedding of `vocab` rows (text = vocab - languages); returns it
     dequantised (vocab, width) for the NumPy baseline."""
-    from whistle_stream.decoder import _LevelsLinear
-
-    d = dec.dims
-    rng = np.random.default_rng(seed)
-    real = cact.cq("embedding")
-    codes = rng.integers(0, len(real.codebook), (vocab, real.codes.shape[1])).astype(np.uint8)
-    norms = rng.uniform(0.5, 1.5, (vocab, real.norms.shape[1])).astype(np.float16)
-    cq = CQMatrix(codes, norms, real.codebook, real.bits, real.group, (vocab, d.width))
-
-    class Shim:
-        def cq(self, name):
-            return cq
-
-    dec.head = _LevelsLinear(Shim(), "embedding")
-    dense = cq.dequantize()
-    dec.embedding = np.ascontiguousarray(dense)
-    dec.dims = dataclasses.replace(d, vocab=vocab, text_vocab=vocab - len(d.languages))
-    return dense
+    cq = shipped_size_embedding(dec, cact, vocab, seed)
+    dec.dims = dataclasses.replace(dec.dims, vocab=vocab, text_vocab=vocab - len(dec.dims.languages))
+    return cq.dequantize()
 
 
 # ---------------------------------------------------------------- timing

@@ -20,3 +20,42 @@ def model_path(name: str | None) -> str | None:
 
         return str(build_model(name).path)
     return name
+
+
+SHIPPED_VOCAB = 8199  # embedding rows of the shipped whistle.cact (the harness's tokenizer has 519)
+
+
+def shipped_size_embedding(dec, cact, vocab: int = SHIPPED_VOCAB, seed: int = 0):
+    """Give the engine decoder `dec` a random CQ embedding of `vocab` rows at the file's own width,
+    group and codebook (the harness's full architecture has the test tokenizer's 519 rows, and the
+    tied embedding is the decoder's largest matrix): the output head built from it as the engine
+    builds it, the input rows packed as a file holds them. Returns the CQMatrix."""
+    import numpy as np
+
+    from whistle_stream.container import CQMatrix
+    from whistle_stream.decoder import _LevelsLinear
+
+    try:
+        from whistle_stream.container import PackedCQ
+    except ImportError:   # an engine before PackedCQ
+        PackedCQ = None
+
+    rng = np.random.default_rng(seed)
+    real = cact.cq("embedding")
+    codes = rng.integers(0, len(real.codebook), (vocab, real.codes.shape[1])).astype(np.uint8)
+    norms = rng.uniform(0.5, 1.5, (vocab, real.norms.shape[1])).astype(np.float16)
+    cq = CQMatrix(codes, norms, real.codebook, real.bits, real.group, (vocab, real.shape[1]))
+
+    class Shim:
+        def cq(self, name):
+            return cq
+
+    dec.head = _LevelsLinear(Shim(), "embedding")
+    if isinstance(dec.embedding, np.ndarray):   # an engine before the input rows stayed packed
+        dec.embedding = cq.dequantize()
+        return cq
+    fields = (codes[:, :, None] >> np.arange(real.bits, dtype=np.uint8)) & 1
+    packed = np.packbits(fields.reshape(vocab, -1), axis=1, bitorder="little")
+    dec.embedding = PackedCQ(packed, norms, real.codebook, real.bits, real.group, cq.shape)
+    assert np.array_equal(dec.embedding.codes(np.arange(3)), codes[:3])
+    return cq

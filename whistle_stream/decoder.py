@@ -21,6 +21,7 @@ int8 where `_aq` is applied, int8 Q and KV per head, the flash attention path's 
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 from typing import Callable
 
@@ -240,6 +241,20 @@ class _Engram:
 # ---------------------------------------------------------------- per-clip state
 
 
+def untouched_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 array of zeros in pages of its own, which hold memory only once written.
+
+    The KV pools have room for max_tokens positions (320) and a pass writes the few dozen it
+    decodes; np.zeros takes them from the heap once freed arrays have raised malloc's mmap
+    threshold, and calloc then writes every page (11.5 MB a pass with the full architecture).
+    """
+    size = int(np.prod(shape)) * 4
+    pages = mmap.mmap(-1, max(size, 1))
+    return np.frombuffer(pages, np.float32, count=size // 4).reshape(shape)
+
+
+
+
 @dataclass(eq=False)
 class DecoderState:
     """Everything one clip's decode carries between steps; made by `Decoder.start`.
@@ -280,7 +295,9 @@ class Decoder:
         self.layers = [_Layer(cact, index, pos, sites.get(index)) for pos, index in enumerate(self.kept)]
         self.engrams = {s: _Engram(cact, s) for s, layer in enumerate(d.engram_sites) if layer in self.kept}
         self.lanes = B.LaneMixer(cact, "", d.dec_layers, d.lanes, d.width)
-        self.embedding = np.ascontiguousarray(cact.array("embedding"))  # (vocab, width) input rows
+        # Input rows, dequantised as tokens are fed: the table stays packed in the file (a
+        # dequantised copy is vocab x width float32, 16.8 MB with the shipped 8199 rows).
+        self.embedding = cact.packed_cq("embedding")
         self.head = _LevelsLinear(cact, "embedding")  # output head: the same matrix, over every id
         self.pe_gate = _sigmoid_scalar(cact.array("pe_gate"))
         self.embed_scale = np.float32(math.sqrt(d.width))
@@ -344,8 +361,8 @@ class Decoder:
         engram_hist = {s: np.zeros((self.engram_depth + 1, cap, d.width), np.float32) for s in self.engrams}
         state = DecoderState(
             frames=frames, capacity=cap, rows=1, position=0, cross_k=cross_k, cross_v=cross_v,
-            k_pool=[np.zeros((T, cap, d.kv_heads, d.qk_dim), np.float32) for _ in self.layers],
-            v_pool=[np.zeros((T, cap, d.kv_heads, d.v_dim), np.float32) for _ in self.layers],
+            k_pool=[untouched_zeros((T, cap, d.kv_heads, d.qk_dim)) for _ in self.layers],
+            v_pool=[untouched_zeros((T, cap, d.kv_heads, d.v_dim)) for _ in self.layers],
             anc=np.zeros((cap, T), np.int32), tap_hist=tap_hist, engram_hist=engram_hist,
             token_hist=np.zeros((cap, max(max(self.orders, default=1) - 1, 0)), np.int64),
             scores=np.empty((d.heads // d.kv_heads, T), np.float32), layer_args=[])
@@ -486,7 +503,7 @@ class Decoder:
         rows, n_new = tokens.shape
         start = state.position
         state.anc[:rows, start:start + n_new] = np.arange(rows, dtype=np.int32)[:, None]
-        x = self.embedding[tokens.reshape(-1)] * self.embed_scale  # (B*S, width)
+        x = self.embedding.rows(tokens) * self.embed_scale  # (B*S, width)
         n = rows * n_new
         engram = {}
         if self.engrams:
