@@ -23,6 +23,7 @@ SECRET = "browser-test-secret-0123456789"
 ARTIFACTS = ROOT / "test-artifacts"
 AXE = ROOT / "tests" / ".cache" / "node_modules" / "axe-core" / "axe.min.js"
 RATE = 16000
+INSECURE_HOST = "whistle.test"
 
 webdriver = pytest.importorskip("selenium.webdriver")
 if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
@@ -178,7 +179,10 @@ def browser(wav: Path, downloads: Path):
                  "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                  f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1280,800"):
+                 "--no-first-run", "--window-size=1280,800",
+                 # a name for the loopback server that is not localhost: a page over plain http there
+                 # is not a secure context, as on another machine of the network
+                 f"--host-resolver-rules=MAP {INSECURE_HOST} 127.0.0.1"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
@@ -239,6 +243,9 @@ def live(speech, tmp_path_factory, axe_source):
             pcm, rate = captured_audio(driver)
             ARTIFACTS.mkdir(exist_ok=True)
             driver.save_screenshot(str(ARTIFACTS / "captions.png"))
+            # the captions overflow their box (40 sentences) and the page has followed them to the end
+            follows = driver.execute_script("const c = ui.captions; return [c.scrollHeight > 2 * c.clientHeight,"
+                                            " c.scrollHeight - c.scrollTop - c.clientHeight];")
             styles = driver.execute_script(
                 "const c = document.querySelector('.committed'), p = document.querySelector('.pending');"
                 "const s = (e) => getComputedStyle(e); return [s(c).color, s(p).color, s(p).fontStyle];")
@@ -262,10 +269,18 @@ def live(speech, tmp_path_factory, axe_source):
             overlay_violations = run_axe(driver, axe_source)
             driver.execute_script("stop();")                      # the overlay has no controls
             errors += console_errors(driver)
+            # over plain http on a name other than localhost the browser gives no microphone
+            driver.get(f"http://{INSECURE_HOST}:{server.port}/")
+            driver.find_element("id", "start").click()
+            insecure = wait_for(lambda: (st := page_state(driver))["statusClass"] == "error" and st, 10, "the error")
+            insecure["color"] = driver.execute_script("return [getComputedStyle(ui.status).color,"
+                                                      " getComputedStyle(document.body).color];")
+            driver.save_screenshot(str(ARTIFACTS / "captions-insecure.png"))
         finally:
             driver.quit()
     return {"state": state, "styles": styles, "files": files, "violations": violations, "errors": errors,
-            "overlay": overlay, "overlay_violations": overlay_violations, "pcm": pcm, "rate": rate}
+            "overlay": overlay, "overlay_violations": overlay_violations, "pcm": pcm, "rate": rate,
+            "follows": follows, "insecure": insecure}
 
 
 def test_the_page_captions_the_microphone_within_the_streaming_line(live, speech, model):
@@ -325,6 +340,20 @@ def test_subtitle_downloads_parse_and_match_the_committed_words(live):
 def test_axe_finds_no_serious_or_critical_violations_in_either_mode(live):
     assert live["violations"] == [], [v["id"] for v in live["violations"]]
     assert live["overlay_violations"] == [], [v["id"] for v in live["overlay_violations"]]
+
+
+def test_the_captions_follow_the_newest_line(live):
+    overflowing, below = live["follows"]
+    assert overflowing and below <= 2, live["follows"]
+
+
+def test_a_page_without_a_secure_context_says_it_needs_https_as_an_error(live):
+    """Opened over plain http on a name other than localhost (no getUserMedia there), Start says
+    what is needed, styled as an error (not the status line's muted grey)."""
+    state = live["insecure"]
+    assert "https" in state["status"] and "undefined" not in state["status"], state["status"]
+    status_color, text_color = state["color"]
+    assert status_color == "rgb(255, 138, 138)" and status_color != text_color
 
 
 def test_the_overlay_hides_the_controls_on_a_transparent_background(live):

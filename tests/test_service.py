@@ -265,6 +265,33 @@ async def test_the_captions_page_and_script_are_served(app):
     assert (await http_get(app, "/nope"))[0] == 404
 
 
+async def test_the_page_is_served_with_its_types_a_content_security_policy_and_etags(app):
+    """Each file of the captions page with its content type, a policy that lets the page run only
+    its own files and open only its own WebSocket, nosniff, and revalidation by ETag (304)."""
+    def get(path, headers=None):
+        request = urllib.request.Request(f"http://127.0.0.1:{app.port}{path}", headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as r:
+                return r.status, r.headers, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read()
+
+    loop = asyncio.get_running_loop()
+    kinds = {"/": "text/html", "/captions.js": "javascript", "/subtitles.js": "javascript",
+             "/tap-worklet.js": "javascript", "/captions.css": "text/css", "/favicon.ico": "image/svg+xml"}
+    for path, kind in kinds.items():
+        status, headers, body = await loop.run_in_executor(None, get, path)
+        assert status == 200 and kind in headers["Content-Type"] and body, path
+        policy = dict(part.strip().split(" ", 1) for part in headers["Content-Security-Policy"].split(";"))
+        assert policy["default-src"] == "'none'" and policy["script-src"] == "'self'", policy
+        assert policy["connect-src"].split() == ["'self'", f"ws://127.0.0.1:{app.port}", f"wss://127.0.0.1:{app.port}"]
+        assert headers["X-Content-Type-Options"] == "nosniff" and headers["Cache-Control"] == "no-cache"
+        status, again, body = await loop.run_in_executor(None, get, path, {"If-None-Match": headers["ETag"]})
+        assert status == 304 and body == b"" and again["ETag"] == headers["ETag"], path
+    status, headers, _ = await loop.run_in_executor(None, get, "/", {"If-None-Match": '"stale"'})
+    assert status == 200
+
+
 async def test_health_probes_write_no_info_log_lines(app):
     from whistle_stream.service.server import setup_logging
 
