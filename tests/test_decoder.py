@@ -483,6 +483,22 @@ def test_ladder_depth_4_runs_layers_0_3_5_7_and_matches_sliced_reference(referen
     _check_parity(reference, full_model, depth=4, ref_model=rung, master=False)
 
 
+def test_a_large_embedding_stays_packed_and_decodes_as_the_dense_table_does(full_model):
+    """The full architecture's embedding (over DENSE_EMBEDDING_BYTES) stays packed, its rows
+    dequantised per step; the logits equal, bit for bit, those read from the dense table."""
+    from whistle_stream.decoder import DENSE_EMBEDDING_BYTES, _DenseRows
+    from whistle_stream.container import PackedCQ
+
+    cact = CactFile(full_model.path)
+    packed, dense = Decoder(cact), Decoder(cact)
+    assert isinstance(packed.embedding, PackedCQ) and cact.array("embedding").nbytes > DENSE_EMBEDDING_BYTES
+    dense.embedding = _DenseRows(cact.array("embedding"))
+    _, enc, text = _parity_case(full_model, seed=3)
+    d = packed.dims
+    tokens = [d.bos, d.first_tag, *text[:6]]
+    assert np.array_equal(packed.logits(enc, tokens), dense.logits(enc, tokens))
+
+
 # ---------------------------------------------------------------- incremental decoding
 
 

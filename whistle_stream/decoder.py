@@ -224,6 +224,22 @@ class _Layer:
             ident=np.arange(d.hada_n, dtype=np.int64))
 
 
+# The largest embedding kept dense (float32) rather than packed with rows dequantised per step.
+DENSE_EMBEDDING_BYTES = 1 << 20
+
+
+class _DenseRows:
+    """An embedding table kept dequantised: rows(tokens) as PackedCQ.rows gives them."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = np.ascontiguousarray(table, np.float32)
+        self.table.setflags(write=False)
+        self.shape = self.table.shape
+
+    def rows(self, rows) -> np.ndarray:
+        return self.table[np.asarray(rows, np.int64).reshape(-1)]
+
+
 class _Engram:
     """One engram site: hashed n-gram tables (left packed, gathered per token), key/value maps."""
 
@@ -295,9 +311,14 @@ class Decoder:
         self.layers = [_Layer(cact, index, pos, sites.get(index)) for pos, index in enumerate(self.kept)]
         self.engrams = {s: _Engram(cact, s) for s, layer in enumerate(d.engram_sites) if layer in self.kept}
         self.lanes = B.LaneMixer(cact, "", d.dec_layers, d.lanes, d.width)
-        # Input rows, dequantised as tokens are fed: the table stays packed in the file (a
-        # dequantised copy is vocab x width float32, 16.8 MB with the shipped 8199 rows).
-        self.embedding = cact.packed_cq("embedding")
+        # Input rows. A large table stays packed in the file and its rows are dequantised as
+        # tokens are fed (a dense copy is 16.8 MB with the shipped 8199 rows); a small one is kept
+        # dense, where a step's row gather costs nothing (the demo model's: 263 KB).
+        packed = cact.packed_cq("embedding")
+        if packed.shape[0] * packed.shape[1] * 4 <= DENSE_EMBEDDING_BYTES:
+            self.embedding = _DenseRows(cact.array("embedding"))
+        else:
+            self.embedding = packed
         self.head = _LevelsLinear(cact, "embedding")  # output head: the same matrix, over every id
         self.pe_gate = _sigmoid_scalar(cact.array("pe_gate"))
         self.embed_scale = np.float32(math.sqrt(d.width))
