@@ -269,8 +269,6 @@ def untouched_zeros(shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(pages, np.float32, count=size // 4).reshape(shape)
 
 
-
-
 @dataclass(eq=False)
 class DecoderState:
     """Everything one clip's decode carries between steps; made by `Decoder.start`.
