@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness_model import model_path  # noqa: E402
+from harness_model import SHIPPED_VOCAB, model_path  # noqa: E402
 from whistle_stream.clients.client import ListenClient  # noqa: E402
 from whistle_stream.service import protocol as P  # noqa: E402
 
@@ -221,9 +221,10 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     else:
         model = model_path(args.model)
         cmd = [sys.executable, "-m", "whistle_stream.service.server"]
-        if args.spoken_tokens or args.prefill == "off":
+        if args.spoken_tokens or args.prefill == "off" or args.vocab:
             cmd = [sys.executable, str(ROOT / "benchmarks" / "spoken_tokens.py"),
-                   "--tokens-per-second", str(args.spoken_tokens), "--prefill", args.prefill]
+                   "--tokens-per-second", str(args.spoken_tokens), "--prefill", args.prefill,
+                   "--vocab", str(args.vocab)]
         cmd += ["--model", model] if model else []
     cmd += ["--port", "0", "--max-sessions", str(max(args.levels) + 8)]
     if args.workers:
@@ -369,7 +370,8 @@ async def amain(args) -> int:
     cores = rows[0]["cores"] if rows else "?"
     print(f"\nclip {len(audio) / RATE:.1f} s per stream, real-time pacing, {FRAME_S * 1000:.0f} ms frames, "
           f"server {'started here' if servers else url}, {cores} cores; model {args.model or 'demo'}"
-          + (f", passes held to {args.spoken_tokens:g} tokens per audio second" if args.spoken_tokens else ""))
+          + (f", passes held to {args.spoken_tokens:g} tokens per audio second" if args.spoken_tokens else "")
+          + (f", {args.vocab}-row embedding and head" if args.vocab else ""))
     if fleet is not None:
         print("\none replica alone:")
     print_table(rows, args.target)
@@ -417,6 +419,9 @@ def main(argv=None) -> int:
     p.add_argument("--token", default=os.environ.get("WHISTLE_TOKEN"))
     p.add_argument("--replicas", type=int, default=1,
                    help="also run the sweep against this many replicas behind HAProxy, in the same run")
+    p.add_argument("--vocab", type=int, default=None,
+                   help=f"embedding and head rows of the server's model (default: {SHIPPED_VOCAB}, the shipped "
+                        "file's, for --model full, whose harness model has 519; else the model's own)")
     p.add_argument("--prefill", choices=("on", "off", "both"), default="on",
                    help="streams read their committed words in one teacher-forced run (on: the engine's "
                         "default), search them again (off: the engine before it), or sweep both in turn, "
@@ -428,6 +433,8 @@ def main(argv=None) -> int:
     if args.replicas < 1 or (args.replicas > 1 and args.url):
         p.error("--replicas is 1 or more, and starts its servers here (not with --url)")
     args.levels = [int(x) for x in args.sweep.split(",")] if args.sweep else [args.sessions]
+    if args.vocab is None:
+        args.vocab = SHIPPED_VOCAB if args.model == "full" and not args.fake else 0
     args.target = Target(args.judge, args.target_p95 if args.judge == "commit" else args.target_tail)
     return asyncio.run(amain(args))
 

@@ -8,7 +8,7 @@ its passes decodes several times more tokens, and costs that much more. Here eve
 of 1.3 tokens each, counted over the whole pass, pauses included, so it errs on the costly side).
 The search, the decoder and everything else are the engine's own.
 
-    python benchmarks/spoken_tokens.py --tokens-per-second 4 [--prefill off] [serve options]
+    python benchmarks/spoken_tokens.py --tokens-per-second 4 [--prefill off] [--vocab 8199] [serve options]
 """
 
 from __future__ import annotations
@@ -76,13 +76,35 @@ def without_prefill() -> None:
     streaming.StreamSession.__init__ = no_prefill
 
 
+def shipped_vocabulary(vocab: int) -> None:
+    """Every model this process loads gets a `vocab`-row embedding and head of random codes (the
+    shipped file's 8199; the harness's full architecture has the test tokenizer's 519): each step
+    computes the full head, and the search reads the ids the test tokenizer spells."""
+    from harness_model import shipped_size_embedding
+
+    init = engine_model.Whistle.__init__
+
+    def widened(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        own = self.dims.vocab
+        if vocab > own:
+            shipped_size_embedding(self.decoder, self.cact, vocab)
+            head = self.decoder.head.rotated
+            self.decoder.head.rotated = lambda xr: head(xr)[:, :own]
+
+    engine_model.Whistle.__init__ = widened
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--tokens-per-second", type=float, default=4.0, help="0: the model decides")
+    ap.add_argument("--vocab", type=int, default=0, help="embedding and head rows (0: the model's own)")
     ap.add_argument("--prefill", choices=("on", "off"), default="on",
                     help="off: passes search the committed words again (the engine before its prefill)")
     known, rest = ap.parse_known_args(argv)
     install(known.tokens_per_second)
+    if known.vocab:
+        shipped_vocabulary(known.vocab)
     if known.prefill == "off":
         without_prefill()
     from whistle_stream.service import server
