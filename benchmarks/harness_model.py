@@ -59,3 +59,15 @@ def shipped_size_embedding(dec, cact, vocab: int = SHIPPED_VOCAB, seed: int = 0)
     dec.embedding = PackedCQ(packed, norms, real.codebook, real.bits, real.group, cq.shape)
     assert np.array_equal(dec.embedding.codes(np.arange(3)), codes[:3])
     return cq
+
+
+def serve_shipped_vocabulary(model, vocab: int = SHIPPED_VOCAB) -> None:
+    """Give a loaded Whistle `model` the shipped vocabulary's embedding and head (see
+    shipped_size_embedding): each step computes logits over all `vocab` rows, and the search reads
+    the first ones, the ids its tokenizer spells. Nothing changes when the model has `vocab` rows."""
+    own = model.dims.vocab
+    if vocab <= own:
+        return
+    shipped_size_embedding(model.decoder, model.cact, vocab)
+    head = model.decoder.head.rotated
+    model.decoder.head.rotated = lambda xr: head(xr)[:, :own]

@@ -49,13 +49,10 @@ out = {}
 from whistle_stream import Whistle
 from tests.harness.audio import speech_of_length
 model = Whistle(sys.argv[1] or None)
-if int(sys.argv[4]) > model.dims.vocab:   # the shipped vocabulary's embedding and head
+if int(sys.argv[4]):   # the shipped vocabulary's embedding and head
     sys.path.insert(0, sys.argv[5])
-    from harness_model import shipped_size_embedding
-    own = model.dims.vocab
-    shipped_size_embedding(model.decoder, model.cact, int(sys.argv[4]))
-    head = model.decoder.head.rotated   # logits over every row; the test tokenizer spells the first `own`
-    model.decoder.head.rotated = lambda xr: head(xr)[:, :own]
+    from harness_model import serve_shipped_vocabulary
+    serve_shipped_vocabulary(model, int(sys.argv[4]))
 model.warmup()
 out["loaded and warm"] = (rss(), peak())
 audio = speech_of_length(30 * 16000 - 1)

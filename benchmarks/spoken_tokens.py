@@ -80,17 +80,13 @@ def shipped_vocabulary(vocab: int) -> None:
     """Every model this process loads gets a `vocab`-row embedding and head of random codes (the
     shipped file's 8199; the harness's full architecture has the test tokenizer's 519): each step
     computes the full head, and the search reads the ids the test tokenizer spells."""
-    from harness_model import shipped_size_embedding
+    from harness_model import serve_shipped_vocabulary
 
     init = engine_model.Whistle.__init__
 
     def widened(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        own = self.dims.vocab
-        if vocab > own:
-            shipped_size_embedding(self.decoder, self.cact, vocab)
-            head = self.decoder.head.rotated
-            self.decoder.head.rotated = lambda xr: head(xr)[:, :own]
+        serve_shipped_vocabulary(self, vocab)
 
     engine_model.Whistle.__init__ = widened
 

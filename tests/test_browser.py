@@ -4,6 +4,7 @@ a real server process (the bundled demo model). Screenshots go to test-artifacts
 
 from __future__ import annotations
 
+import functools
 import io
 import shutil
 import subprocess
@@ -35,10 +36,7 @@ if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
 def speech(tmp_path_factory):
     """The streaming tests' stream (held-out demo sentences with pauses) as the microphone's WAV,
     after a second of silence; and their truth on the WAV's clock."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from streaming import build_stream
-
-    _, utts = build_stream(*STREAM)
+    _, utts = stream_clips()
     audio = source_audio()
     path = tmp_path_factory.mktemp("mic") / "speech.wav"
     with wave.open(str(path), "wb") as w:
@@ -152,11 +150,17 @@ def misread(truth: str, text: str) -> list[str]:
             for kind, i, j in alignment(ref, hyp) if kind != "="]
 
 
-def source_audio() -> np.ndarray:
+@functools.lru_cache(maxsize=1)
+def stream_clips() -> tuple[np.ndarray, list]:
+    """benchmarks/streaming.py's build_stream(*STREAM), made once for the module."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from streaming import build_stream
 
-    audio, _ = build_stream(*STREAM)
+    return build_stream(*STREAM)
+
+
+def source_audio() -> np.ndarray:
+    audio, _ = stream_clips()
     return np.concatenate([np.zeros(RATE, np.float32), audio, np.zeros(2 * RATE, np.float32)])
 
 
@@ -289,11 +293,11 @@ def test_the_page_captions_the_microphone_within_the_streaming_line(live, speech
     server (through the page and the socket) commits exactly what the session core commits on the
     audio the page captured, in-process: the page and the transport lose, add or reorder nothing."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from streaming import build_stream, one_shot
+    from streaming import one_shot
 
     truth = " ".join(u[2] for u in speech[2])
     page = live["state"]["transcript"]
-    shot = wer([truth], [one_shot(model, build_stream(*STREAM)[1])[0]])
+    shot = wer([truth], [one_shot(model, stream_clips()[1])[0]])
     captured, delay, _ = sentences_alone(model, live["pcm"], live["rate"], speech[2])
     replayed, _ = replay(model, live["pcm"], live["rate"])
     got = wer([truth], [page])
