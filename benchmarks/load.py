@@ -433,6 +433,8 @@ def main(argv=None) -> int:
     if args.replicas < 1 or (args.replicas > 1 and args.url):
         p.error("--replicas is 1 or more, and starts its servers here (not with --url)")
     args.levels = [int(x) for x in args.sweep.split(",")] if args.sweep else [args.sessions]
+    if args.vocab is not None and args.vocab < 0:
+        p.error(f"--vocab is a row count (0: the model's own), got {args.vocab}")
     if args.vocab is None:
         args.vocab = SHIPPED_VOCAB if args.model == "full" and not args.fake else 0
     args.target = Target(args.judge, args.target_p95 if args.judge == "commit" else args.target_tail)

@@ -109,6 +109,10 @@ def main(argv=None) -> int:
                     help=f"embedding rows (default: {SHIPPED_VOCAB}, the shipped file's, for --model full; "
                          "else the model's own)")
     args = ap.parse_args(argv)
+    if args.engine is not None and not (args.engine / "whistle_stream" / "__init__.py").is_file():
+        ap.error(f"--engine must be a checkout of this repository (a folder holding whistle_stream/), got {args.engine}")
+    if args.vocab is not None and args.vocab < 0:
+        ap.error(f"--vocab is a row count (0: the model's own), got {args.vocab}")
     model = model_path(args.model) or ""
     vocab = args.vocab if args.vocab is not None else (SHIPPED_VOCAB if args.model == "full" else 0)
     for engine in [ROOT] + ([args.engine.resolve()] if args.engine is not None else []):   # no compile counts

@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", choices=("on", "off"), default="on",
                     help="off: passes search the committed words again (the engine before its prefill)")
     known, rest = ap.parse_known_args(argv)
+    if known.vocab < 0:
+        ap.error(f"--vocab is a row count (0: the model's own), got {known.vocab}")
     install(known.tokens_per_second)
     if known.vocab:
         shipped_vocabulary(known.vocab)
