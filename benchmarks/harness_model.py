@@ -45,19 +45,25 @@ def shipped_size_embedding(dec, cact, vocab: int = SHIPPED_VOCAB, seed: int = 0)
     codes = rng.integers(0, len(real.codebook), (vocab, real.codes.shape[1])).astype(np.uint8)
     norms = rng.uniform(0.5, 1.5, (vocab, real.norms.shape[1])).astype(np.float16)
     cq = CQMatrix(codes, norms, real.codebook, real.bits, real.group, (vocab, real.shape[1]))
+    packed = None
+    if PackedCQ is not None:
+        fields = (codes[:, :, None] >> np.arange(real.bits, dtype=np.uint8)) & 1
+        bits = np.packbits(fields.reshape(vocab, -1), axis=1, bitorder="little")
+        packed = PackedCQ(bits, norms, real.codebook, real.bits, real.group, cq.shape)
+        assert np.array_equal(packed.codes(np.arange(3)), codes[:3])
 
-    class Shim:
+    class Shim:   # the file's reader, holding the wide embedding
         def cq(self, name):
             return cq
+
+        def packed_cq(self, name):
+            return packed
 
     dec.head = _LevelsLinear(Shim(), "embedding")
     if isinstance(dec.embedding, np.ndarray):   # an engine before the input rows stayed packed
         dec.embedding = cq.dequantize()
         return cq
-    fields = (codes[:, :, None] >> np.arange(real.bits, dtype=np.uint8)) & 1
-    packed = np.packbits(fields.reshape(vocab, -1), axis=1, bitorder="little")
-    dec.embedding = PackedCQ(packed, norms, real.codebook, real.bits, real.group, cq.shape)
-    assert np.array_equal(dec.embedding.codes(np.arange(3)), codes[:3])
+    dec.embedding = packed
     return cq
 
 

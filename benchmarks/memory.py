@@ -1,5 +1,6 @@
 """Peak memory of the engine: one process loads a model, transcribes 30 s with word times, then
-streams the same 30 s in 1 s steps; the peak RSS (VmHWM) is printed after each phase.
+streams the same 30 s in 1 s steps; the peak RSS (VmHWM) is printed after each phase, with the RSS
+then and its anonymous and file-backed parts.
 
     python benchmarks/memory.py                 # the harness's full architecture (random weights)
     python benchmarks/memory.py --model demo    # the bundled model
@@ -42,9 +43,10 @@ sys.path.insert(0, sys.argv[2])
 def peak():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) / 1024.0 for l in f if l.startswith("VmHWM:"))
-def rss():
+def rss():   # now: (RSS, of it anonymous, of it file pages: shared libraries, the mapped model)
     with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) / 1024.0 for l in f if l.startswith("VmRSS:"))
+        v = {l.split(":")[0]: int(l.split()[1]) / 1024.0 for l in f if l.startswith(("VmRSS", "RssAnon", "RssFile"))}
+    return v["VmRSS"], v["RssAnon"], v["RssFile"]
 out = {}
 from whistle_stream import Whistle
 from tests.harness.audio import speech_of_length
@@ -54,15 +56,15 @@ if int(sys.argv[4]):   # the shipped vocabulary's embedding and head
     from harness_model import serve_shipped_vocabulary
     serve_shipped_vocabulary(model, int(sys.argv[4]))
 model.warmup()
-out["loaded and warm"] = (rss(), peak())
+out["loaded and warm"] = (*rss(), peak())
 audio = speech_of_length(30 * 16000 - 1)
 model.transcribe(audio, word_timestamps=True)
-out["30 s transcribed with word times"] = (rss(), peak())
+out["30 s transcribed with word times"] = (*rss(), peak())
 stream = model.open_stream()
 for i in range(0, len(audio), 16000):
     stream.feed(audio[i:i + 16000])
 stream.finish()
-out["30 s streamed in 1 s steps"] = (rss(), peak())
+out["30 s streamed in 1 s steps"] = (*rss(), peak())
 print(json.dumps(out))
 """
 
@@ -123,14 +125,18 @@ def main(argv=None) -> int:
                                                  "(the shipped vocabulary)" if vocab else ""))
     for title, scipy in ((f"as deployed (scipy {'installed' if deployed == 'keep' else 'not installed'})", deployed),
                          ("this environment (scipy importable)", "keep")):
-        print(f"\n{title}\n{'after':<36} {'RSS':>8} {'peak RSS':>9}")
-        for name, (now, peak) in phases(model, scipy, vocab).items():
-            print(f"{name:<36} {now:>5.0f} MB {peak:>6.0f} MB")
+        show(title, phases(model, scipy, vocab))
     if args.engine is not None:
-        print(f"\nthe engine of {args.engine}, as deployed\n{'after':<36} {'RSS':>8} {'peak RSS':>9}")
-        for name, (now, peak) in phases(model, deployed, vocab, args.engine.resolve()).items():
-            print(f"{name:<36} {now:>5.0f} MB {peak:>6.0f} MB")
+        show(f"the engine of {args.engine}, as deployed", phases(model, deployed, vocab, args.engine.resolve()))
+    print("\n(anonymous: the process's own memory; file: pages of mapped files, shared libraries' code above "
+          "all, which processes share and the kernel maps in more or fewer of, by machine)")
     return 0
+
+
+def show(title: str, figures: dict) -> None:
+    print(f"\n{title}\n{'after':<36} {'RSS':>8} {'peak RSS':>9} {'anonymous':>10} {'file':>8}")
+    for name, (now, anon, file, peak) in figures.items():
+        print(f"{name:<36} {now:>5.0f} MB {peak:>6.0f} MB {anon:>7.0f} MB {file:>5.0f} MB")
 
 
 if __name__ == "__main__":

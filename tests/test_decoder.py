@@ -38,9 +38,10 @@ from whistle_stream.blocks import fake_quant_int8
 from whistle_stream.decoder import MEMORY_FRAME_BLOCK, Decoder, _memory_codes, ladder_layers, ladder_order, sinusoids
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
 from whistle_stream.kernels.decoder import (
-    _block_step, _attend_memory, _attend_pool, _causal_taps, _codes2_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
+    _block_step, _attend_memory, _attend_pool, _causal_taps, _packed_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
     _gather_levels, _kron_rows, _levels_rows, _push_ring,
 )
+from whistle_stream.kernels.simd import LANES, interleave
 
 # Stated tolerances, as fractions of the reference logits' standard deviation (module docstring).
 MAX_REL = 0.2  # max |delta|: a few int8 rounding flips
@@ -173,12 +174,32 @@ def test_memory_attention_and_its_weights():
     np.testing.assert_allclose(weights, w.transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
 
 
+def twin_interleave(codes, bits, lanes):
+    """simd.interleave written per code: code k of a row goes to byte (k // block) * lanes + k % lanes,
+    at bit (k % block) // lanes * bits, block = lanes * 8 // bits codes."""
+    block = lanes * 8 // bits
+    rows, k_dim = codes.shape
+    out = np.zeros((rows, -(-k_dim // block) * lanes), np.uint8)
+    for n in range(rows):
+        for k in range(k_dim):
+            out[n, k // block * lanes + k % lanes] |= codes[n, k] << ((k % block) // lanes * bits)
+    return out
+
+
+@pytest.mark.parametrize("bits, k_dim", [(2, 48), (2, 256), (4, 48), (4, 256)])
+def test_interleave_places_each_code_where_the_products_read_it(bits, k_dim):
+    codes = np.random.default_rng(3).integers(0, 1 << bits, (3, k_dim)).astype(np.uint8)
+    np.testing.assert_array_equal(interleave(codes, bits), twin_interleave(codes, bits, LANES))
+
+
+@pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("group", [16, 8])  # 8: not a multiple of AVX-512's 16 lanes, the plain loop
-def test_rotated_products_equal_the_dequantised_product(group):
+def test_rotated_products_equal_the_dequantised_product(group, bits):
     rng = np.random.default_rng(4)
     n_out, k_pad, rows = 7, 48, 10  # two blocks of five rows (callers pad to fives)
-    codebook = np.sort(rng.standard_normal(4)).astype(np.float32)
-    codes = rng.integers(0, 4, (n_out, k_pad)).astype(np.uint8)
+    codebook = np.sort(rng.standard_normal(1 << bits)).astype(np.float32)
+    codes = rng.integers(0, 1 << bits, (n_out, k_pad)).astype(np.uint8)
+    packed = interleave(codes, bits)
     norms = rng.uniform(0.5, 2, (n_out, k_pad // group)).astype(np.float32)
     x = rng.standard_normal((rows, k_pad)).astype(np.float32)
     xg = x.reshape(rows, -1, group).astype(np.float64)
@@ -187,14 +208,15 @@ def test_rotated_products_equal_the_dequantised_product(group):
         return np.einsum("rgk,ngk,ng->rn", xg, weights.reshape(n_out, -1, group).astype(np.float64), norms)
 
     out = np.empty((rows, n_out), np.float32)
-    _codes2_rows(x, codes, norms, codebook, group, out)
+    _packed_rows(x, packed, norms, codebook, bits, group, out)
     np.testing.assert_allclose(out, product(codebook[codes]), rtol=1e-5, atol=1e-5)
     levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
     _levels_rows(x, levels, norms, group, out)
     np.testing.assert_allclose(out, product(levels), rtol=1e-5, atol=1e-2)
-    for kernel, stored in ((_codes2_rows, (codes, norms, codebook)), (_levels_rows, (levels, norms))):
-        with pytest.raises(ValueError, match="multiple of five"):
-            kernel(x[:7], *stored, group, out[:7])
+    with pytest.raises(ValueError, match="multiple of five"):
+        _packed_rows(x[:7], packed, norms, codebook, bits, group, out[:7])
+    with pytest.raises(ValueError, match="multiple of five"):
+        _levels_rows(x[:7], levels, norms, group, out[:7])
     # gather: codebook level times the row's group norm
     picked = np.array([6, 0, 6], np.int64)
     got = np.empty((3, k_pad), np.float32)
@@ -202,25 +224,47 @@ def test_rotated_products_equal_the_dequantised_product(group):
     np.testing.assert_array_equal(got, codebook[codes[picked]] * np.repeat(norms[picked], group, axis=1))
 
 
+def test_packed_integer_levels_give_the_int16_level_codes_products_bit_for_bit():
+    """A 4-bit matrix read packed (its integer levels as float32, norms times the unit) computes
+    exactly what blocks.RotatedLinear's int16 level codes computed before it stayed packed."""
+    from whistle_stream.blocks import integer_levels
+
+    rng = np.random.default_rng(6)
+    n_out, k_pad, group = 11, 256, 128
+    codebook = np.sort(rng.standard_normal(16) / np.sqrt(group)).astype(np.float32)
+    codes = rng.integers(0, 16, (n_out, k_pad)).astype(np.uint8)
+    norms = rng.uniform(0.5, 2, (n_out, k_pad // group)).astype(np.float32)
+    x = rng.standard_normal((5, k_pad)).astype(np.float32)
+    levels, unit = integer_levels(codebook)
+    scaled = (norms * np.float32(unit)).astype(np.float32)
+    packed_out, int16_out = np.empty((5, n_out), np.float32), np.empty((5, n_out), np.float32)
+    _packed_rows(x, interleave(codes, 4), scaled, levels.astype(np.float32), 4, group, packed_out)
+    _levels_rows(x, np.ascontiguousarray(levels[codes]), scaled, group, int16_out)
+    np.testing.assert_array_equal(packed_out, int16_out)
+
+
 SIMD_CHECK = """
 import numpy as np
 from whistle_stream.kernels import simd
-from whistle_stream.kernels.decoder import _codes2_rows, _levels_rows
+from whistle_stream.kernels.decoder import _packed_rows, _levels_rows
 assert simd.PATH == "{path}", simd.PATH
 rng = np.random.default_rng(5)
 n_out, k_pad, group = 9, 256, 128
 x = rng.standard_normal((5, k_pad)).astype(np.float32)
-codebook = np.sort(rng.standard_normal(4)).astype(np.float32)
-codes = rng.integers(0, 4, (n_out, k_pad)).astype(np.uint8)
-levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
 norms = rng.uniform(0.5, 2, (n_out, k_pad // group)).astype(np.float32)
 xg = x.reshape(5, -1, group).astype(np.float64)
 out = np.empty((5, n_out), np.float32)
-for kernel, stored, weights, atol in ((_codes2_rows, (codes, norms, codebook), codebook[codes], 1e-5),
-                                      (_levels_rows, (levels, norms), levels, 1e-2)):
-    kernel(x, *stored, group, out)
+def check(weights, atol):
     want = np.einsum("rgk,ngk,ng->rn", xg, weights.reshape(n_out, -1, group).astype(np.float64), norms)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=atol)
+for bits in (2, 4):
+    codebook = np.sort(rng.standard_normal(1 << bits)).astype(np.float32)
+    codes = rng.integers(0, 1 << bits, (n_out, k_pad)).astype(np.uint8)
+    _packed_rows(x, simd.interleave(codes, bits), norms, codebook, bits, group, out)
+    check(codebook[codes], 1e-5)
+levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
+_levels_rows(x, levels, norms, group, out)
+check(levels, 1e-2)
 print("ok", simd.LANES)
 """
 
@@ -307,8 +351,8 @@ def test_engram_site_gathers_quantises_projects_and_taps():
     value = np.empty_like(key)
     ring, anc = ring_of(hist, start, rng)
     anc[:rows, start:start + n_new] = np.arange(rows)[:, None]  # the new positions go to rows 0..B-1
-    _engram_site(idx, ok, t_codes, t_norms, t_codebook, group, slots, sub, kv_codes, kv_norms, kv_levels, group,
-                 taps, dil, ring, anc, rows, start, key, value)
+    _engram_site(idx, ok, t_codes, t_norms, t_codebook, group, slots, sub, interleave(kv_codes, 2), kv_norms, kv_levels,
+                 2, group, taps, dil, ring, anc, rows, start, key, value)
     # the twin: dequantised table rows (codebook x norm, then the Hadamard rotation), masked, int8
     fetched = np.zeros((rows * n_new, tables * sub), np.float32)
     for m in range(rows * n_new):
@@ -672,12 +716,12 @@ def test_a_fused_layer_equals_its_blocks_called_one_by_one():
         hq, hk, hv = plain.tap_hist[li]
 
         def rotated(m):
-            return np.zeros((pad, m.codes.shape[1]), np.float32)
+            return np.zeros((pad, m.k_pad), np.float32)
 
         hr = rotated(layer.qkvg)
         DK._norm_quant_rotate(x, layer.norm_in, eps, layer.qkvg.group, hr[:n])
         y = np.empty((pad, layer.qkvg.codes.shape[0]), np.float32)
-        DK._product(hr, layer.qkvg.codes, layer.qkvg.norms, layer.qkvg.levels, layer.qkvg.group, y)
+        DK._product(hr, layer.qkvg.codes, layer.qkvg.norms, layer.qkvg.levels, layer.qkvg.bits, layer.qkvg.group, y)
         q = np.empty((rows, n_new, heads, d.qk_dim), np.float32)
         DK._self_qkv(y[:n], rows, start, layer.q_taps, layer.k_taps, layer.v_taps, hq, hk, hv, plain.anc,
                      layer.q_norm, layer.k_norm, dec.rope_cos, dec.rope_sin, eps, heads, kv, plain.k_pool[li],
@@ -689,13 +733,13 @@ def test_a_fused_layer_equals_its_blocks_called_one_by_one():
         DK._gate_quant_rotate(att.reshape((n, heads * d.v_dim)), y[:n, layer.qkvg.offsets[3]:], layer.out.group,
                               hr[:n])
         o = np.empty((pad, layer.out.codes.shape[0]), np.float32)
-        DK._product(hr, layer.out.codes, layer.out.norms, layer.out.levels, layer.out.group, o)
+        DK._product(hr, layer.out.codes, layer.out.norms, layer.out.levels, layer.out.bits, layer.out.group, o)
         DK._gated_residual(x, o[:n], layer.post_norm, eps, layer.attn_gate)
 
         hr = rotated(layer.cqg)
         DK._norm_quant_rotate(x, layer.cross_norm, eps, layer.cqg.group, hr[:n])
         y = np.empty((pad, layer.cqg.codes.shape[0]), np.float32)
-        DK._product(hr, layer.cqg.codes, layer.cqg.norms, layer.cqg.levels, layer.cqg.group, y)
+        DK._product(hr, layer.cqg.codes, layer.cqg.norms, layer.cqg.levels, layer.cqg.bits, layer.cqg.group, y)
         qc = np.empty((n, heads, d.qk_dim), np.float32)
         DK._head_norm_quant(y[:n, :heads * d.qk_dim], heads, layer.cq_norm, eps, qc)
         att = np.empty((n, heads, d.v_dim), np.float32)
@@ -705,7 +749,7 @@ def test_a_fused_layer_equals_its_blocks_called_one_by_one():
         hr = rotated(layer.cout)
         DK._gate_quant_rotate(att.reshape((n, heads * d.v_dim)), y[:n, heads * d.qk_dim:], layer.cout.group, hr[:n])
         o = np.empty((pad, layer.cout.codes.shape[0]), np.float32)
-        DK._product(hr, layer.cout.codes, layer.cout.norms, layer.cout.levels, layer.cout.group, o)
+        DK._product(hr, layer.cout.codes, layer.cout.norms, layer.cout.levels, layer.cout.bits, layer.cout.group, o)
         DK._gated_residual(x, o[:n], layer.post_cross_norm, eps, layer.cross_gate)
         m = layer.mlp
         (w1a, w1b), (w2a, w2b), (w3a, w3b) = m.factors

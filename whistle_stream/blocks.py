@@ -242,6 +242,12 @@ def _level_unit(codebook: np.ndarray, limit: int = 32767) -> float:
     return float(units[np.argmin(err)])
 
 
+def integer_levels(codebook: np.ndarray) -> tuple[np.ndarray, float]:
+    """A CQ codebook as int16 level codes and their unit (codebook ~= codes * unit, `_level_unit`)."""
+    unit = _level_unit(codebook)
+    return np.rint(np.asarray(codebook, np.float64) / unit).astype(np.int16), unit
+
+
 class RotatedLinear:
     """y = x @ W.T computed in the CQ rotated domain, without dequantising W.
 
@@ -254,8 +260,7 @@ class RotatedLinear:
 
     def __init__(self, codes: np.ndarray, norms: np.ndarray, codebook: np.ndarray, group: int,
                  shape: tuple[int, int]):
-        unit = _level_unit(codebook)
-        levels = np.rint(np.asarray(codebook, np.float64) / unit).astype(np.int16)
+        levels, unit = integer_levels(codebook)
         self.levels = np.ascontiguousarray(levels[np.asarray(codes)])  # (out, in_pad) int16
         self.gscale = (np.asarray(norms, np.float32) * np.float32(unit)).astype(np.float32)
         self.group = int(group)

@@ -30,9 +30,11 @@ import numpy as np
 from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
+from .kernels import PACKED_BITS
+from .kernels.simd import interleave
 from .kernels.decoder import (
     CrossAttention, HadamardMlp, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
-    _block_step, _codes2_rows, compiled_for, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
+    _block_step, _packed_rows, compiled_for, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
 )
 
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
@@ -118,28 +120,34 @@ class _LevelsLinear:
 
     A CQ row group is w_g = (cb[idx] * norm) @ H, H the symmetric normalised Walsh-Hadamard
     matrix, so x_g . w_g = (x_g @ H) . (cb[idx] * norm): the activation is rotated once (FWHT per
-    group, in the kernels that feed `rotated`), then dotted with the levels. 2-bit matrices keep their level indices (one byte per
-    weight, exact levels); wider ones use blocks.RotatedLinear's int16 level codes (~1e-5).
+    group, in the kernels that feed `rotated`), then dotted with the levels. 2- and 4-bit matrices
+    (`PACKED_BITS`) keep their level indices packed, 2 or 4 bits each in `simd.interleave`'s layout:
+    2-bit ones read the exact levels, 4-bit ones blocks.RotatedLinear's integer levels times
+    norm * unit (~1e-5), as other widths do through its int16 level codes.
     """
 
     def __init__(self, cact, *names: str):
-        cqs = [cact.cq(name) for name in names]
+        cqs = [cact.packed_cq(name) for name in names]
         first = cqs[0]
-        if any(c.group != first.group or c.bits != first.bits or c.codes.shape[1] != first.codes.shape[1]
-               for c in cqs):
+        if any(c.group != first.group or c.bits != first.bits or c.in_pad != first.in_pad for c in cqs):
             raise ValueError(f"cannot stack {names}: different CQ widths, groups or input sizes")
         self.group = first.group
         self.sizes = [c.shape[0] for c in cqs]
         self.offsets = [0, *np.cumsum(self.sizes)[:-1].tolist()]  # first output column of each
         self.shape = (sum(self.sizes), first.shape[1])
-        self.k_pad = first.codes.shape[1]
-        self.two_bit = first.bits == 2
-        if self.two_bit:
-            codes = [c.codes for c in cqs]
+        self.k_pad = first.in_pad
+        self.bits = first.bits if first.bits in PACKED_BITS else 0
+        if self.bits == 2:
             norms = [np.asarray(c.norms, np.float32) for c in cqs]
             self.levels = np.ascontiguousarray(first.codebook, np.float32)
+        elif self.bits:
+            levels, unit = B.integer_levels(first.codebook)
+            norms = [np.asarray(c.norms, np.float32) * np.float32(unit) for c in cqs]
+            self.levels = levels.astype(np.float32)
+        if self.bits:   # one matrix's level indices at a time: the byte-per-weight form is never whole
+            codes = [interleave(c.codes(), self.bits) for c in cqs]
         else:
-            wide = [B.RotatedLinear(c.codes, c.norms, c.codebook, c.group, c.shape) for c in cqs]
+            wide = [B.RotatedLinear(c.codes(), c.norms, c.codebook, c.group, c.shape) for c in cqs]
             codes, norms = [w.levels for w in wide], [w.gscale for w in wide]
             self.levels = np.zeros(4, np.float32)  # unused by the int16 level-code product
         self.codes = np.ascontiguousarray(codes[0] if len(codes) == 1 else np.concatenate(codes))
@@ -147,7 +155,7 @@ class _LevelsLinear:
 
     def record(self) -> Rotated:
         """The matrix as the fused layer kernel reads it."""
-        return Rotated(codes=self.codes, norms=self.norms, levels=self.levels, group=self.group)
+        return Rotated(codes=self.codes, norms=self.norms, levels=self.levels, bits=self.bits, group=self.group)
 
     def rotated(self, xr: np.ndarray) -> np.ndarray:
         """(rows, in_pad) rotated activation -> (rows, out). With kernels.GEMM_THREADS > 1 a large
@@ -170,8 +178,8 @@ class _LevelsLinear:
         return out[:rows]
 
     def _part(self, xr: np.ndarray, a: int, b: int, out: np.ndarray) -> None:
-        if self.two_bit:
-            _codes2_rows(xr, self.codes[a:b], self.norms[a:b], self.levels, self.group, out[:, a:b])
+        if self.bits:
+            _packed_rows(xr, self.codes[a:b], self.norms[a:b], self.levels, self.bits, self.group, out[:, a:b])
         else:
             _levels_rows(xr, self.codes[a:b], self.norms[a:b], self.group, out[:, a:b])
 
@@ -511,7 +519,7 @@ class Decoder:
         rows = (np.arange(tables, dtype=np.int64) * d.engram_slots + idx).reshape(-1)
         gathered = np.arange(n * tables, dtype=idx.dtype).reshape(n, tables)
         _engram_site(gathered, ok, e.tables.codes(rows), e.norms[rows], e.codebook, e.group, 0, e.sub_dim, e.kv.codes,
-                     e.kv.norms, e.kv.levels, e.kv.group, e.taps, d.engram_dilation, state.engram_hist[site],
+                     e.kv.norms, e.kv.levels, e.kv.bits, e.kv.group, e.taps, d.engram_dilation, state.engram_hist[site],
                      state.anc, state.rows, state.position, key, value)
         return key, value
 

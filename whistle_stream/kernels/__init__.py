@@ -157,14 +157,31 @@ def _exp_neg(x, out, bits, n):
 # ---------------------------------------------------------------- products
 
 
+# Widths of CQ level indices the products read packed, as a .cact holds them (`simd._dot5`).
+PACKED_BITS = (2, 4)
+
+
 @_jit(GEMM_FASTMATH)
 def _dot5_rows(x, codes, norms, levels, group, out):
-    """out[r, n] = `simd._dot5`(codes[n], x, r, norms[n], levels, group) for every five rows r of x
-    (R a multiple of five) and every row n of codes (N, K); norms (N, K // group)."""
+    """out[r, n] = `simd._dot5`(codes[n], x, r, norms[n], levels, group, 0) for every five rows r of
+    x (R a multiple of five) and every row n of codes (N, K), one code per weight; norms (N, K // group)."""
     for r in range(0, x.shape[0], 5):
         for n in range(codes.shape[0]):
             out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
-                codes[n], x, r, norms[n], levels, group)
+                codes[n], x, r, norms[n], levels, group, 0)
+
+
+@_jit(GEMM_FASTMATH)
+def _packed5_rows(x, packed, norms, levels, bits, group, out):
+    """`_dot5_rows` for level indices of `bits` bits (2 or 4) packed LSB first: packed (N, K * bits / 8)
+    uint8, levels (2**bits,) float32."""
+    for r in range(0, x.shape[0], 5):
+        for n in range(packed.shape[0]):
+            if bits == 2:
+                s = _dot5(packed[n], x, r, norms[n], levels, group, 2)
+            else:
+                s = _dot5(packed[n], x, r, norms[n], levels, group, 4)
+            out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = s
 
 
 @_jit(GEMM_FASTMATH)

@@ -15,7 +15,7 @@ from numba import njit, typeof, types
 from numba.extending import overload
 
 from . import (
-    GEMM_FASTMATH, JIT_OPTIONS, _dot5_rows, _exp_neg, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale,
+    GEMM_FASTMATH, JIT_OPTIONS, _dot5_rows, _exp_neg, _packed5_rows, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale,
     _lane_combine, _lane_mix, _rms_unit_rows, _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
 )
 from .simd import LANES, _tile5
@@ -250,15 +250,6 @@ def _gather_levels(codes, norms, codebook, rows, group, out):
             out[m, k] = codebook[codes[row, k]] * norms[row, k // group]
 
 
-@njit(inline="always", **JIT_OPTIONS)
-def _level2(c, l0, l1, l2, l3):
-    """The level of a 2-bit code as a select chain (vectorises; no table lookup)."""
-    v = l0
-    v = l1 if c == 1 else v
-    v = l2 if c == 2 else v
-    return l3 if c == 3 else v
-
-
 @_jit(GEMM_FASTMATH)
 def _levels_rows(xr, levels, gscale, group, out):
     """A few rows times int16 level codes in the rotated domain (decoder beams, the CQ4 head).
@@ -303,41 +294,42 @@ def _levels_rows(xr, levels, gscale, group, out):
 
 
 @_jit(GEMM_FASTMATH)
-def _codes2_rows(xr, codes, norms, levels, group, out):
-    """A few rows times a 2-bit CQ matrix in the rotated domain, from its level indices.
+def _packed_rows(xr, packed, norms, levels, bits, group, out):
+    """A few rows times a CQ matrix in the rotated domain, from its packed level indices.
 
-    out[r, n] = sum_g norms[n, g] * (levels[codes[n, g]] . xr[r, g]); xr (R, K_pad) rotated
-    activations, codes (N, K_pad) uint8 in 0..3, norms (N, K_pad // group) float32, levels (4,) the
-    unit codebook. Rows go five at a time (R must be a multiple of five: _LevelsLinear.rotated pads
-    them): each code becomes its exact float32 level in a register (one byte read per weight) used
-    for five multiply-adds: `simd._dot5`'s table lookup, or a select chain in a plain loop when
-    group is not a multiple of its lanes.
+    out[r, n] = sum_g norms[n, g] * (levels[code(n, k)] . xr[r, g]); xr (R, K_pad) rotated
+    activations; packed (N, >= K_pad * bits / 8) uint8, indices of `bits` bits (2 or 4) in
+    `simd.interleave`'s layout; norms (N, K_pad // group) float32; levels (2**bits,) float32. Rows
+    go five at a time (R must be a multiple of five: _LevelsLinear.rotated pads them): each code
+    becomes its float32 level in a register (a quarter or half byte read per weight) used for five
+    multiply-adds: `simd._dot5`'s shift, mask and table lookup when group is a multiple of its
+    blocks, else a plain loop.
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
     if rows % 5:
         raise ValueError("rows must be a multiple of five (pad with zero rows)")
-    if group % LANES == 0:
-        _dot5_rows(xr, codes, norms, levels, group, out)
+    per = 8 // bits
+    block = LANES * per
+    if group % block == 0:
+        _packed5_rows(xr, packed, norms, levels, bits, group, out)
         return
-    l0, l1, l2, l3 = levels[0], levels[1], levels[2], levels[3]
+    mask = (1 << bits) - 1
     for r in range(0, rows, 5):
-        for n in range(codes.shape[0]):
-            cn = codes[n]
+        for n in range(packed.shape[0]):
+            pn = packed[n]
             s0 = s1 = s2 = s3 = s4 = np.float32(0.0)
             for g in range(groups):
                 base = g * group
-                c = cn[base:base + group]
-                x0, x1, x2 = xr[r, base:base + group], xr[r + 1, base:base + group], xr[r + 2, base:base + group]
-                x3, x4 = xr[r + 3, base:base + group], xr[r + 4, base:base + group]
                 a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
-                for k in range(group):
-                    v = _level2(c[k], l0, l1, l2, l3)
-                    a0 += v * x0[k]
-                    a1 += v * x1[k]
-                    a2 += v * x2[k]
-                    a3 += v * x3[k]
-                    a4 += v * x4[k]
+                for k in range(base, base + group):
+                    within = k % block
+                    v = levels[(pn[k // block * LANES + within % LANES] >> (within // LANES * bits)) & mask]
+                    a0 += v * xr[r, k]
+                    a1 += v * xr[r + 1, k]
+                    a2 += v * xr[r + 2, k]
+                    a3 += v * xr[r + 3, k]
+                    a4 += v * xr[r + 4, k]
                 m = norms[n, g]
                 s0 += a0 * m
                 s1 += a1 * m
@@ -662,7 +654,7 @@ def _engram_hash(seq, depth, start, orders, hashes, stride, seed, prime, shift, 
 
 @_jit(GEMM_FASTMATH)
 def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_codes, kv_norms, kv_levels,
-                 kv_group, taps, dilation, ring, anc, n_rows, start, key, value):
+                 kv_bits, kv_group, taps, dilation, ring, anc, n_rows, start, key, value):
     """One engram site's key and value rows for the new positions (needle `Engram`, guide §6).
 
     idx, ok (B*S, tables): table indices and validity; the gathered rows (dequantised CQ rows of
@@ -690,10 +682,10 @@ def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_
                 fetched[m, t * sub + c] = src[c] * w
     _fake_quant_rows(fetched, fetched)
     pad = n + (-n) % 5
-    hr = np.zeros((pad, kv_codes.shape[1]), np.float32)
+    hr = np.zeros((pad, kv_norms.shape[1] * kv_group), np.float32)
     _fwht_rows(fetched, kv_group, hr[:n])
     y = np.empty((pad, kv_codes.shape[0]), np.float32)
-    _product(hr, kv_codes, kv_norms, kv_levels, kv_group, y)
+    _product(hr, kv_codes, kv_norms, kv_levels, kv_bits, kv_group, y)
     n_new = n // n_rows
     raw = np.empty((n_rows, n_new, width), np.float32)
     for m in range(n):
@@ -707,20 +699,22 @@ def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_
 # ---------------------------------------------------------------- one whole decoder block per call
 
 
-def _product(xr, codes, norms, levels, group, out):
-    """xr (R5, K_pad) rotated rows times a CQ matrix: `_codes2_rows` for 2-bit level indices (uint8),
-    `_levels_rows` for int16 level codes (levels unused). Chosen when a kernel is compiled."""
+def _product(xr, codes, norms, levels, bits, group, out):
+    """xr (R5, K_pad) rotated rows times a CQ matrix: `_packed_rows` for packed level indices (uint8,
+    `bits` wide), `_levels_rows` for int16 level codes (levels and bits unused). Chosen when a
+    kernel is compiled."""
     if codes.dtype == np.uint8:
-        _codes2_rows(xr, codes, norms, levels, group, out)
+        _packed_rows(xr, codes, norms, levels, bits, group, out)
     else:
         _levels_rows(xr, codes, norms, group, out)
 
 
 @overload(_product, jit_options=JIT_OPTIONS)
-def _product_typed(xr, codes, norms, levels, group, out):
+def _product_typed(xr, codes, norms, levels, bits, group, out):
     if codes.dtype == types.uint8:
-        return lambda xr, codes, norms, levels, group, out: _codes2_rows(xr, codes, norms, levels, group, out)
-    return lambda xr, codes, norms, levels, group, out: _levels_rows(xr, codes, norms, group, out)
+        return lambda xr, codes, norms, levels, bits, group, out: _packed_rows(xr, codes, norms, levels, bits, group,
+                                                                               out)
+    return lambda xr, codes, norms, levels, bits, group, out: _levels_rows(xr, codes, norms, group, out)
 
 
 @_jit(GEMM_FASTMATH)
@@ -755,10 +749,12 @@ def compiled_for(dispatcher, *args):
 
 
 class Rotated(NamedTuple):
-    """A CQ matrix kept in the rotated domain (§5): (out, K_pad) codes, per-row norms, levels."""
+    """A CQ matrix kept in the rotated domain (§5): its codes (packed level indices of `bits` bits, or
+    int16 level codes with bits 0), per-group norms (out, K_pad // group), levels."""
     codes: np.ndarray
     norms: np.ndarray
     levels: np.ndarray
+    bits: int
     group: int
 
 
@@ -889,36 +885,36 @@ def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start, layer):
 
     # causal self-attention: int8(norm_in(x)) -> [q | k | v | gate] in one rotated product
     qkvg, so = sa.qkvg, sa.out
-    hr = np.zeros((pad, qkvg.codes.shape[1]), np.float32)
+    hr = np.zeros((pad, qkvg.norms.shape[1] * qkvg.group), np.float32)
     _norm_quant_rotate(x, sa.norm_in, eps, qkvg.group, hr[:n])
     y = np.empty((pad, qkvg.codes.shape[0]), np.float32)
-    _product(hr, qkvg.codes, qkvg.norms, qkvg.levels, qkvg.group, y)
+    _product(hr, qkvg.codes, qkvg.norms, qkvg.levels, qkvg.bits, qkvg.group, y)
     q = np.empty((n_rows, n_new, heads, dq), np.float32)
     _self_qkv(y[:n], n_rows, start, sa.q_taps, sa.k_taps, sa.v_taps, cache.hq, cache.hk, cache.hv, cache.anc,
               sa.q_norm, sa.k_norm, sh.cos_tab, sh.sin_tab, eps, heads, kv_heads, cache.k_pool, cache.v_pool, q)
     att = np.empty((n_rows, n_new, heads, dv), np.float32)
     _attend_pool(q, cache.k_pool, cache.v_pool, cache.anc, start, sh.q_scale, sh.logit_scale, cache.scores, att)
-    hr = np.zeros((pad, so.codes.shape[1]), np.float32)
+    hr = np.zeros((pad, so.norms.shape[1] * so.group), np.float32)
     _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, sa.gate_at:], so.group, hr[:n])
     o = np.empty((pad, so.codes.shape[0]), np.float32)
-    _product(hr, so.codes, so.norms, so.levels, so.group, o)
+    _product(hr, so.codes, so.norms, so.levels, so.bits, so.group, o)
     _gated_residual(x, o[:n], sa.post_norm, eps, sa.gate)
 
     # cross-attention over the clip's memory: int8(cross_norm(x)) -> [q | gate]
     qg, co = ca.qg, ca.out
-    hr = np.zeros((pad, qg.codes.shape[1]), np.float32)
+    hr = np.zeros((pad, qg.norms.shape[1] * qg.group), np.float32)
     _norm_quant_rotate(x, ca.norm, eps, qg.group, hr[:n])
     y = np.empty((pad, qg.codes.shape[0]), np.float32)
-    _product(hr, qg.codes, qg.norms, qg.levels, qg.group, y)
+    _product(hr, qg.codes, qg.norms, qg.levels, qg.bits, qg.group, y)
     qc = np.empty((n, heads, dq), np.float32)
     _head_norm_quant(y[:n, :heads * dq], heads, ca.q_norm, eps, qc)
     att = np.empty((n, heads, dv), np.float32)
     _attend_memory(qc, mem.k_codes, mem.k_scale, mem.v_codes, mem.v_scale, sh.q_scale, sh.logit_scale, weights,
                    att)
-    hr = np.zeros((pad, co.codes.shape[1]), np.float32)
+    hr = np.zeros((pad, co.norms.shape[1] * co.group), np.float32)
     _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, heads * dq:], co.group, hr[:n])
     o = np.empty((pad, co.codes.shape[0]), np.float32)
-    _product(hr, co.codes, co.norms, co.levels, co.group, o)
+    _product(hr, co.codes, co.norms, co.levels, co.bits, co.group, o)
     _gated_residual(x, o[:n], ca.post_norm, eps, ca.gate)
 
     _hadamard_residual(x, mlp.pre, mlp.d1, mlp.d2, mlp.b2, mlp.d3, mlp.d4, mlp.w1a, mlp.w1b, mlp.w2a, mlp.w2b,

@@ -5,10 +5,12 @@ vectorises each 128-weight group into its own reduction: a 2-bit code became its
 3-compare select chain (6 vector ops per 16 weights beside 5 multiply-adds), and every group ended
 in 5 horizontal sums (a third of the kernel). `_dot5` keeps five vector accumulators across the
 whole row instead (each group's partial sums are scaled by the group's norm with one vector
-multiply-add, one horizontal sum per output at the end), and turns a 2-bit code into its level
-with one in-register table lookup (vpermps). Full-architecture step: 2.1 -> 1.55 ms for the 2-bit
-products (benchmarks/decoder.py). `_tile5` is the same idea for five rows of coefficients times a
-tile of columns (cross-attention scores, the Hadamard MLP's Kronecker factors).
+multiply-add, one horizontal sum per output at the end), and turns a code into its level with one
+in-register table lookup (vpermps). The codes stay packed, 2 or 4 bits each (a quarter of the
+bytes a byte per code took), in `interleave`'s layout: one load of LANES bytes, widened once, holds
+8 / bits vectors of consecutive codes, each a shift and a mask away. `_tile5` is the same idea for
+five rows of coefficients times a tile of columns (cross-attention scores, the Hadamard MLP's
+Kronecker factors).
 
 Lane width and table lookup follow the CPU Numba compiles for: 16 lanes + AVX-512 vpermps,
 8 lanes + AVX2 vpermps, or 8 lanes and a portable select chain. WHISTLE_SIMD=avx512|avx2|generic
@@ -23,6 +25,7 @@ import os
 import warnings
 
 import llvmlite.binding as llvm_binding
+import numpy as np
 from llvmlite import ir
 from numba import config, types
 from numba.core import cgutils
@@ -80,37 +83,77 @@ def _declare(builder, name: str, ret, args):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
 
 
-def _level_lookup(builder, table, idx):
-    """levels[idx] for 2-bit codes idx (<LANES x i32>) from table (levels in lanes 0..3)."""
+def _level_lookup(builder, tables, idx, count: int):
+    """levels[idx] for codes idx (<LANES x i32>, each < count: 4 or 16) from the level tables
+    (`_level_tables`: 16 levels take two on the 8-lane paths, the second holding levels 8..15)."""
     vf = _vec(_F32)
-    if PATH == "avx512":
-        return builder.call(_declare(builder, "llvm.x86.avx512.permvar.sf.512", vf, [vf, _vec(_I32)]), [table, idx])
-    if PATH == "avx2":
-        return builder.call(_declare(builder, "llvm.x86.avx2.permps", vf, [vf, _vec(_I32)]), [table, idx])
-    out = _splat(builder, builder.extract_element(table, ir.Constant(_I32, 0)), _F32)
-    for j in (1, 2, 3):
-        hit = builder.icmp_unsigned("==", idx, _splat(builder, ir.Constant(_I32, j), _I32))
-        out = builder.select(hit, _splat(builder, builder.extract_element(table, ir.Constant(_I32, j)), _F32), out)
+    if PATH == "generic":
+        out = _splat(builder, builder.extract_element(tables[0], ir.Constant(_I32, 0)), _F32)
+        for j in range(1, count):
+            level = builder.extract_element(tables[j // LANES], ir.Constant(_I32, j % LANES))
+            hit = builder.icmp_unsigned("==", idx, _splat(builder, ir.Constant(_I32, j), _I32))
+            out = builder.select(hit, _splat(builder, level, _F32), out)
+        return out
+    name = "llvm.x86.avx512.permvar.sf.512" if PATH == "avx512" else "llvm.x86.avx2.permps"
+    permute = _declare(builder, name, vf, [vf, _vec(_I32)])
+    out = builder.call(permute, [tables[0], idx])  # vpermps reads the index's low log2(LANES) bits
+    if len(tables) > 1:
+        high = builder.icmp_unsigned(">=", idx, _splat(builder, ir.Constant(_I32, LANES), _I32))
+        out = builder.select(high, builder.call(permute, [tables[1], idx]), out)
     return out
 
 
-@intrinsic
-def _dot5(typingctx, codes, x, r0, norms, levels, group):
+def _level_tables(builder, level_arr, count: int):
+    """The first `count` levels (4 or 16) loaded into vectors of LANES lanes for `_level_lookup`."""
+    tables = []
+    for first in range(0, count, LANES):
+        table = ir.Constant(_vec(_F32), ir.Undefined)
+        for j in range(first, min(count, first + LANES)):
+            level = builder.load(builder.gep(level_arr.data, [ir.Constant(_I64, j)]))
+            table = builder.insert_element(table, level, ir.Constant(_I32, j - first))
+        tables.append(table)
+    return tables
+
+
+def interleave(codes, bits: int):
+    """Level indices (rows, K) of `bits` bits (2 or 4) in the layout `_dot5` reads, (rows, K' * bits / 8)
+    uint8, K' = K rounded up to a block of LANES * 8 // bits codes (zero codes past K): block b's
+    byte i holds codes b * block + i + j * LANES, j < 8 // bits, at bit j * bits. One LANES-byte load
+    widened to LANES lanes then gives 8 // bits vectors of consecutive codes by shift and mask."""
+    per = 8 // bits
+    block = LANES * per
+    rows, k = codes.shape
+    padded = np.zeros((rows, -(-k // block) * block), np.uint8)
+    padded[:, :k] = codes
+    fields = padded.reshape(rows, -1, per, LANES)
+    out = np.zeros((rows, fields.shape[1], LANES), np.uint8)
+    for j in range(per):
+        out |= fields[:, :, j, :] << np.uint8(j * bits)
+    return out.reshape(rows, -1)
+
+
+@intrinsic(prefer_literal=True)
+def _dot5(typingctx, codes, x, r0, norms, levels, group, bits):
     """(5 float32) out[i] = sum_g norms[g] * (w_g . x[r0 + i, g]) for one matrix row.
 
-    codes (K_pad,) the row's codes: uint8 2-bit level indices (w = levels[code]), int16 level
-    codes (w = code, the unit folded into norms; levels unused) or float32 weights (w = code);
-    x (R, K_pad) float32 rotated activations, rows r0 .. r0 + 4 read; codes and each row of x
-    contiguous (the callers check); norms (K_pad // group,) float32; group a multiple of LANES
-    dividing K_pad. Sums run in LANES-wide partials (a different order from a plain loop)."""
-    two_bit = codes.dtype == types.uint8
-    dense = codes.dtype == types.float32
-    if not (two_bit or dense or codes.dtype == types.int16):
+    codes the row's codes, by the literal `bits`: 2 or 4, uint8 level indices in `interleave`'s
+    layout (w = levels[index], levels holding 2**bits float32; group a multiple of LANES * 8 // bits);
+    0, one code per weight: int16 level codes (w = code, the unit folded into norms; levels
+    unused) or float32 weights (w = code). x (R, K_pad) float32 rotated activations, rows r0 .. r0 + 4
+    read; codes and each row of x contiguous (the callers check); norms (K_pad // group,) float32;
+    group a multiple of LANES dividing K_pad. Sums run in LANES-wide partials (a different order
+    from a plain loop)."""
+    if not isinstance(bits, types.IntegerLiteral):
         return None
-    sig = types.UniTuple(types.float32, 5)(codes, x, r0, norms, levels, group)
+    width = bits.literal_value
+    packed = codes.dtype == types.uint8
+    dense = codes.dtype == types.float32
+    if packed != (width in (2, 4)) or not (packed or dense or codes.dtype == types.int16) or width not in (0, 2, 4):
+        return None
+    sig = types.UniTuple(types.float32, 5)(codes, x, r0, norms, levels, group, bits)
 
     def codegen(context, builder, signature, args):
-        codes_v, x_v, r0_v, norms_v, levels_v, group_v = args
+        codes_v, x_v, r0_v, norms_v, levels_v, group_v, _ = args
         code_arr = context.make_array(signature.args[0])(context, builder, codes_v)
         x_arr = context.make_array(signature.args[1])(context, builder, x_v)
         norm_arr = context.make_array(signature.args[3])(context, builder, norms_v)
@@ -120,37 +163,44 @@ def _dot5(typingctx, codes, x, r0, norms, levels, group):
         r0_i = context.cast(builder, r0_v, signature.args[2], types.intp)
         group_i = context.cast(builder, group_v, signature.args[5], types.intp)
         vf = _vec(_F32)
-        code_elem = _F32 if dense else ir.IntType(8 if two_bit else 16)
-        code_ptr_t = ir.PointerType(_vec(code_elem))
+        code_ptr_t = ir.PointerType(_vec(_F32 if dense else ir.IntType(16)))
         vec_ptr_t = ir.PointerType(vf)
-        table = ir.Constant(vf, ir.Undefined)
-        if two_bit:
-            for j in range(4):
-                level = builder.load(builder.gep(level_arr.data, [ir.Constant(_I64, j)]))
-                table = builder.insert_element(table, level, ir.Constant(_I32, j))
+        tables = _level_tables(builder, level_arr, 1 << width) if packed else []
         fma = _declare(builder, f"llvm.fmuladd.v{LANES}f32", vf, [vf, vf, vf])
         rows = [builder.gep(x_arr.data, [builder.mul(builder.add(r0_i, ir.Constant(_I64, i)), x_row)])
                 for i in range(5)]
         zero = ir.Constant(vf, [0.0] * LANES)
         total = [cgutils.alloca_once_value(builder, zero) for _ in range(5)]  # promoted to registers
         part = [cgutils.alloca_once_value(builder, zero) for _ in range(5)]
+
+        def accumulate(k, w):  # the five rows' partial sums += w * x[row, k:k + LANES]
+            for i in range(5):
+                xv = builder.load(builder.bitcast(builder.gep(rows[i], [k]), vec_ptr_t), align=4)
+                builder.store(builder.call(fma, [w, xv, builder.load(part[i])]), part[i])
+
         with cgutils.for_range(builder, builder.sdiv(k_pad, group_i)) as group_loop:
             g = group_loop.index
             for p in part:
                 builder.store(zero, p)
             base = builder.mul(g, group_i)
-            with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES))) as lane_loop:
-                k = builder.add(base, builder.mul(lane_loop.index, ir.Constant(_I64, LANES)))
-                raw = builder.load(builder.bitcast(builder.gep(code_arr.data, [k]), code_ptr_t), align=4 if dense else 1)
-                if dense:
-                    w = raw
-                elif two_bit:
-                    w = _level_lookup(builder, table, builder.zext(raw, _vec(_I32)))
-                else:
-                    w = builder.sitofp(builder.sext(raw, _vec(_I32)), vf)
-                for i in range(5):
-                    xv = builder.load(builder.bitcast(builder.gep(rows[i], [k]), vec_ptr_t), align=4)
-                    builder.store(builder.call(fma, [w, xv, builder.load(part[i])]), part[i])
+            if packed:   # a LANES-byte load per block, widened once, then 8 // width vectors of codes
+                per = 8 // width
+                mask = _splat(builder, ir.Constant(_I32, (1 << width) - 1), _I32)
+                with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES * per))) as block_loop:
+                    first = builder.add(base, builder.mul(block_loop.index, ir.Constant(_I64, LANES * per)))
+                    at = builder.gep(code_arr.data, [builder.sdiv(first, ir.Constant(_I64, per))])
+                    raw = builder.load(builder.bitcast(at, ir.PointerType(_vec(ir.IntType(8)))), align=1)
+                    wide = builder.zext(raw, _vec(_I32))
+                    for j in range(per):
+                        shifted = builder.lshr(wide, _splat(builder, ir.Constant(_I32, j * width), _I32)) if j else wide
+                        w = _level_lookup(builder, tables, builder.and_(shifted, mask), 1 << width)
+                        accumulate(builder.add(first, ir.Constant(_I64, j * LANES)), w)
+            else:
+                with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES))) as lane_loop:
+                    k = builder.add(base, builder.mul(lane_loop.index, ir.Constant(_I64, LANES)))
+                    raw = builder.load(builder.bitcast(builder.gep(code_arr.data, [k]), code_ptr_t),
+                                       align=4 if dense else 1)
+                    accumulate(k, raw if dense else builder.sitofp(builder.sext(raw, _vec(_I32)), vf))
             norm = _splat(builder, builder.load(builder.gep(norm_arr.data, [g])), _F32)
             for i in range(5):
                 builder.store(builder.call(fma, [builder.load(part[i]), norm, builder.load(total[i])]), total[i])
