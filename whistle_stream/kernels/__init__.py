@@ -157,7 +157,7 @@ def _exp_neg(x, out, bits, n):
 # ---------------------------------------------------------------- products
 
 
-# Widths of CQ level indices the products read packed, as a .cact holds them (`simd._dot5`).
+# Widths of CQ level indices the products read packed (`simd.interleave`, `simd._dot5`).
 PACKED_BITS = (2, 4)
 
 
@@ -173,8 +173,8 @@ def _dot5_rows(x, codes, norms, levels, group, out):
 
 @_jit(GEMM_FASTMATH)
 def _packed5_rows(x, packed, norms, levels, bits, group, out):
-    """`_dot5_rows` for level indices of `bits` bits (2 or 4) packed LSB first: packed (N, K * bits / 8)
-    uint8, levels (2**bits,) float32."""
+    """`_dot5_rows` for level indices of `bits` bits (2 or 4) in `simd.interleave`'s layout: packed
+    (N, >= K * bits / 8) uint8, levels (2**bits,) float32, group a multiple of LANES * 8 // bits."""
     for r in range(0, x.shape[0], 5):
         for n in range(packed.shape[0]):
             if bits == 2:
