@@ -43,7 +43,7 @@ sys.path.insert(0, sys.argv[2])
 def peak():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) / 1024.0 for l in f if l.startswith("VmHWM:"))
-def rss():   # now: (RSS, of it anonymous, of it file pages: shared libraries, the mapped model)
+def rss():   # (RSS, of it anonymous, of it file pages: shared libraries, the mapped model)
     with open("/proc/self/status") as f:
         v = {l.split(":")[0]: int(l.split()[1]) / 1024.0 for l in f if l.startswith(("VmRSS", "RssAnon", "RssFile"))}
     return v["VmRSS"], v["RssAnon"], v["RssFile"]

@@ -30,8 +30,7 @@ import numpy as np
 from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
-from .kernels import PACKED_BITS
-from .kernels.simd import interleave
+from .kernels.simd import PACKED_BITS, interleave
 from .kernels.decoder import (
     CrossAttention, HadamardMlp, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
     _block_step, _packed_rows, compiled_for, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
@@ -137,15 +136,15 @@ class _LevelsLinear:
         self.shape = (sum(self.sizes), first.shape[1])
         self.k_pad = first.in_pad
         self.bits = first.bits if first.bits in PACKED_BITS else 0
-        if self.bits == 2:
-            norms = [np.asarray(c.norms, np.float32) for c in cqs]
-            self.levels = np.ascontiguousarray(first.codebook, np.float32)
-        elif self.bits:
-            levels, unit = B.integer_levels(first.codebook)
-            norms = [np.asarray(c.norms, np.float32) * np.float32(unit) for c in cqs]
-            self.levels = levels.astype(np.float32)
         if self.bits:   # one matrix's level indices at a time: the byte-per-weight form is never whole
             codes = [interleave(c.codes(), self.bits) for c in cqs]
+            if self.bits == 2:
+                norms = [np.asarray(c.norms, np.float32) for c in cqs]
+                self.levels = np.ascontiguousarray(first.codebook, np.float32)
+            else:
+                levels, unit = B.integer_levels(first.codebook)
+                norms = [np.asarray(c.norms, np.float32) * np.float32(unit) for c in cqs]
+                self.levels = levels.astype(np.float32)
         else:
             wide = [B.RotatedLinear(c.codes(), c.norms, c.codebook, c.group, c.shape) for c in cqs]
             codes, norms = [w.levels for w in wide], [w.gscale for w in wide]

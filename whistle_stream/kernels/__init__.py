@@ -157,10 +157,6 @@ def _exp_neg(x, out, bits, n):
 # ---------------------------------------------------------------- products
 
 
-# Widths of CQ level indices the products read packed (`simd.interleave`, `simd._dot5`).
-PACKED_BITS = (2, 4)
-
-
 @_jit(GEMM_FASTMATH)
 def _dot5_rows(x, codes, norms, levels, group, out):
     """out[r, n] = `simd._dot5`(codes[n], x, r, norms[n], levels, group, 0) for every five rows r of

@@ -57,6 +57,7 @@ def _choose_path() -> str:
 
 PATH = _choose_path()
 LANES = 16 if PATH == "avx512" else 8  # a CQ group must be a multiple of this (128 is)
+PACKED_BITS = (2, 4)  # widths of CQ level indices `_dot5` reads packed (`interleave`)
 
 
 def _vec(elem, lanes: int = LANES) -> ir.VectorType:
@@ -148,7 +149,7 @@ def _dot5(typingctx, codes, x, r0, norms, levels, group, bits):
     width = bits.literal_value
     packed = codes.dtype == types.uint8
     dense = codes.dtype == types.float32
-    if packed != (width in (2, 4)) or not (packed or dense or codes.dtype == types.int16) or width not in (0, 2, 4):
+    if not (width in PACKED_BITS if packed else width == 0 and (dense or codes.dtype == types.int16)):
         return None
     sig = types.UniTuple(types.float32, 5)(codes, x, r0, norms, levels, group, bits)
 
