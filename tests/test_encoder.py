@@ -24,6 +24,9 @@ class FakeCact:
     def array(self, name):
         return self.arrays[name]
 
+    def packed_cq(self, name):  # as CactFile says of a record that is not CQ (dense Linear then)
+        raise TypeError(f"record {name!r} is fp32, not CQ")
+
 
 def twin_stem(feats, w, dws, pws, out):
     """§3 written out: zero-padded 3x3 stride-2 windows, row 3 * time + mel of each (9, C) kernel."""

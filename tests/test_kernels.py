@@ -166,6 +166,75 @@ def test_fake_quant_in_place_equals_out_of_place():
     np.testing.assert_array_equal(want, twin_fake_quant(x))
 
 
+class _Packed:
+    """Just enough of container.PackedCQ for blocks.CQLinear: level indices, fp16 norms, codebook."""
+
+    def __init__(self, codes, norms, codebook, bits, group, shape):
+        self._codes, self.norms, self.codebook = codes, norms, codebook
+        self.bits, self.group, self.shape, self.in_pad = bits, group, shape, codes.shape[1]
+
+    def codes(self):
+        return self._codes
+
+
+def _cq_matrix(rng, bits, out_dim, in_dim, group=128):
+    """A random CQ matrix: its _Packed record and its dequantised float64 weights (per group
+    (codebook[idx] * norm) @ H, the packer's definition)."""
+    in_pad = -(-in_dim // group) * group
+    # one codebook per width, as a .cact holds them
+    codebook = np.sort(np.random.default_rng(bits).standard_normal(1 << bits)).astype(np.float32) / np.sqrt(group)
+    codes = rng.integers(0, 1 << bits, (out_dim, in_pad)).astype(np.uint8)
+    norms = rng.uniform(0.5, 2.0, (out_dim, in_pad // group)).astype(np.float16)
+    rot = codebook[codes].reshape(out_dim, -1, group).astype(np.float64) * norms.astype(np.float64)[:, :, None]
+    dense = (rot @ walsh_hadamard(group).astype(np.float64)).reshape(out_dim, in_pad)[:, :in_dim]
+    return _Packed(codes, norms, codebook, bits, group, (out_dim, in_dim)), dense
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("rows", [1, 13, 200])  # the row kernel, BLAS, BLAS split over threads
+def test_cq_linear_matches_the_dequantised_matrices_stacked(bits, rows, monkeypatch):
+    """The encoder's products: stacked CQ matrices kept packed, dequantised per call without their
+    rotation (the activation is rotated instead), equal the dense product to float32 rounding."""
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    rng = np.random.default_rng([bits, rows])
+    parts = [_cq_matrix(rng, bits, n, 200) for n in (40, 8, 24)]
+    layer = B.CQLinear([p for p, _ in parts])
+    assert layer.shape == (72, 200) and layer.codes.nbytes == 72 * 256 * bits // 8
+    x = rng.standard_normal((rows, 200)).astype(np.float32)
+    want = x.astype(np.float64) @ np.concatenate([d for _, d in parts]).T
+    got = layer(x)
+    assert got.dtype == np.float32 and got.shape == (rows, 72)
+    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
+    with pytest.raises(ValueError, match="input has 100 features, the matrix takes 200"):
+        layer(x[:, :100])
+
+
+def test_cq_linear_of_a_width_it_cannot_keep_packed_is_a_dense_linear(tmp_path):
+    """Records that are not CQ of one packed width come back as the dense Linear of their weights."""
+
+    class Records:
+        def __init__(self):
+            rng = np.random.default_rng(9)
+            self.cq = {"a": _cq_matrix(rng, 2, 8, 128), "b": _cq_matrix(rng, 4, 8, 128),
+                       "c": _cq_matrix(rng, 2, 8, 128)}
+            self.cq["t"] = _cq_matrix(rng, 3, 8, 128)
+
+        def packed_cq(self, name):
+            return self.cq[name][0]
+
+        def array(self, name):
+            return self.cq[name][1].astype(np.float32)
+
+    cact = Records()
+    assert isinstance(B.CQLinear.from_cact(cact, "a", "c"), B.CQLinear)
+    cact.cq["d"] = (_Packed(*(getattr(cact.cq["c"][0], f) for f in ("_codes", "norms")),
+                            cact.cq["c"][0].codebook * 2, 2, 128, (8, 128)), cact.cq["c"][1] * 2)
+    for names in (("a", "b"), ("t",), ("a", "d")):  # mixed widths; a width with no packed product; two codebooks
+        layer = B.CQLinear.from_cact(cact, *names)
+        assert isinstance(layer, B.Linear)
+        np.testing.assert_array_equal(layer.weight, np.concatenate([cact.array(n) for n in names]))
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("rows", [1, 5, 30])
 def test_rotated_linear_matches_the_dequantised_matrix(bits, rows):

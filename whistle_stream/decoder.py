@@ -30,7 +30,7 @@ import numpy as np
 from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
-from .kernels.simd import PACKED_BITS, interleave
+from .kernels.simd import PACKED_BITS
 from .kernels.decoder import (
     CrossAttention, HadamardMlp, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
     _block_step, _packed_rows, compiled_for, _engram_hash, _engram_site, _levels_rows, _norm_quant_rotate, _quant_codes,
@@ -136,21 +136,14 @@ class _LevelsLinear:
         self.shape = (sum(self.sizes), first.shape[1])
         self.k_pad = first.in_pad
         self.bits = first.bits if first.bits in PACKED_BITS else 0
-        if self.bits:   # one matrix's level indices at a time: the byte-per-weight form is never whole
-            codes = [interleave(c.codes(), self.bits) for c in cqs]
-            if self.bits == 2:
-                norms = [np.asarray(c.norms, np.float32) for c in cqs]
-                self.levels = np.ascontiguousarray(first.codebook, np.float32)
-            else:
-                levels, unit = B.integer_levels(first.codebook)
-                norms = [np.asarray(c.norms, np.float32) * np.float32(unit) for c in cqs]
-                self.levels = levels.astype(np.float32)
+        if self.bits:
+            self.codes, self.norms, self.levels = B.packed_levels(cqs, integer=True)
         else:
             wide = [B.RotatedLinear(c.codes(), c.norms, c.codebook, c.group, c.shape) for c in cqs]
             codes, norms = [w.levels for w in wide], [w.gscale for w in wide]
             self.levels = np.zeros(4, np.float32)  # unused by the int16 level-code product
-        self.codes = np.ascontiguousarray(codes[0] if len(codes) == 1 else np.concatenate(codes))
-        self.norms = np.ascontiguousarray(norms[0] if len(norms) == 1 else np.concatenate(norms))
+            self.codes = np.ascontiguousarray(codes[0] if len(codes) == 1 else np.concatenate(codes))
+            self.norms = np.ascontiguousarray(norms[0] if len(norms) == 1 else np.concatenate(norms))
 
     def record(self) -> Rotated:
         """The matrix as the fused layer kernel reads it."""
@@ -209,7 +202,8 @@ class _Layer:
         self.cqg = _LevelsLinear(cact, p + "cross.q_proj", p + "cross.gate_proj")
         self.cout = _LevelsLinear(cact, p + "cross.out_proj")
         # Memory-side projections see (frames, width) once per clip: BLAS on float32 weights.
-        self.ck, self.cv = B.Linear(a(p + "cross.k_proj")), B.Linear(a(p + "cross.v_proj"))
+        # cross-attention K and V read the same memory once per pass: one product, kept packed
+        self.ckv = B.CQLinear.from_cact(cact, p + "cross.k_proj", p + "cross.v_proj")
         self.cq_norm, self.ck_norm = a(p + "cross_q_norm"), a(p + "cross_k_norm")
         self.post_cross_norm = a(p + "post_cross_norm")
         self.cross_gate = _sigmoid_scalar(a(p + "cross_gate"))
@@ -372,8 +366,9 @@ class Decoder:
         frames = mem.shape[0]
         cross_k, cross_v = [], []
         for layer in self.layers:
-            k = B.zc_rmsnorm(layer.ck(mem).reshape(frames, d.heads, d.qk_dim), layer.ck_norm)
-            v = layer.cv(mem).reshape(frames, d.heads, d.v_dim)
+            k, v = np.split(layer.ckv(mem), [d.heads * d.qk_dim], axis=1)
+            k = B.zc_rmsnorm(np.ascontiguousarray(k).reshape(frames, d.heads, d.qk_dim), layer.ck_norm)
+            v = np.ascontiguousarray(v).reshape(frames, d.heads, d.v_dim)
             cross_k.append(_memory_codes(k))
             cross_v.append(_memory_codes(v))
         cap, T = int(beams), d.max_tokens

@@ -37,8 +37,8 @@ class Stem:
         self.stages = d.stem_stages
         self.w = np.ascontiguousarray(cact.array("stem.w"), np.float32)  # (9, C)
         self.dw = [np.ascontiguousarray(cact.array(f"stem.dw_{i}"), np.float32) for i in range(1, self.stages)]
-        self.pw = [B.Linear.from_cact(cact, f"stem.pw_{i}") for i in range(1, self.stages)]
-        self.out = B.Linear.from_cact(cact, "stem.out")
+        self.pw = [B.CQLinear.from_cact(cact, f"stem.pw_{i}") for i in range(1, self.stages)]
+        self.out = B.CQLinear.from_cact(cact, "stem.out")
         self.channels = self.w.shape[1]
 
     def __call__(self, feats: np.ndarray) -> np.ndarray:
@@ -111,12 +111,12 @@ class EncoderBlock:
         self.q_norm, self.k_norm = cact.array(p + "q_norm"), cact.array(p + "k_norm")
         self.attn_gate = np.float32(1.0 / (1.0 + np.exp(-np.float64(cact.array(p + "attn_gate")[0]))))
         # Q, K, V and the attention gate all read the same int8 input: one product.
-        proj = [cact.array(p + n) for n in ("q_proj", "k_proj", "v_proj", "gate_proj")]
-        self.splits = np.cumsum([w.shape[0] for w in proj])[:-1]
-        self.qkvg = B.Linear(np.concatenate(proj))
-        self.out_proj = B.Linear.from_cact(cact, p + "out_proj")
-        self.pw1 = B.Linear.from_cact(cact, p + "pw1")
-        self.pw2 = B.Linear.from_cact(cact, p + "pw2")
+        proj = [p + n for n in ("q_proj", "k_proj", "v_proj", "gate_proj")]
+        self.splits = np.cumsum([cact.record(n).shape[0] for n in proj])[:-1]
+        self.qkvg = B.CQLinear.from_cact(cact, *proj)
+        self.out_proj = B.CQLinear.from_cact(cact, p + "out_proj")
+        self.pw1 = B.CQLinear.from_cact(cact, p + "pw1")
+        self.pw2 = B.CQLinear.from_cact(cact, p + "pw2")
         self.dw = np.ascontiguousarray(cact.array(p + "dw"), np.float32)  # (conv_kernel, width)
         self.mlp0 = B.HadamardMLP.from_cact(cact, p + "hadamard_mlp_0", d.width)
         self.mlp = B.HadamardMLP.from_cact(cact, p + "hadamard_mlp", d.width)

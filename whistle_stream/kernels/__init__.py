@@ -25,7 +25,7 @@ from ._cache import drop_stale
 _target.configure()                 # the CPU the kernels compile for: before any compiles or loads
 drop_stale(Path(__file__).parent)   # before any kernel of the package loads from the cache
 
-from .simd import LANES, _dot5  # noqa: E402
+from .simd import LANES, _dot5, _fwht_groups, _levels_row  # noqa: E402
 
 # Reassociation lets LLVM vectorise the dot-product reductions (AVX2, 8 lanes); it changes
 # only the order of a float sum. Kernels that must round exactly like the reference
@@ -180,6 +180,31 @@ def _packed5_rows(x, packed, norms, levels, bits, group, out):
             out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = s
 
 
+@_jit()
+def _packed_levels(packed, norms, levels, bits, group, out):
+    """out[n, k] = levels[index (n, k)] * norms[n, k // group]: a CQ matrix dequantised in the rotated
+    domain (its Hadamard rotation is left to the activation, `_fwht_rows`) from level indices of
+    `bits` bits (2 or 4) in `simd.interleave`'s layout; packed (N, >= K_pad * bits / 8) uint8, norms
+    (N, K_pad // group) and levels (2**bits,) float32, out (N, K_pad) float32. `simd._levels_row`
+    when group is a multiple of its blocks, else a plain loop (the same products)."""
+    per = 8 // bits
+    block = LANES * per
+    if group % block == 0:
+        for n in range(packed.shape[0]):
+            if bits == 2:
+                _levels_row(packed[n], norms[n], levels, group, 2, out[n])
+            else:
+                _levels_row(packed[n], norms[n], levels, group, 4, out[n])
+        return
+    mask = (1 << bits) - 1
+    for n in range(packed.shape[0]):
+        pn = packed[n]
+        for k in range(out.shape[1]):
+            within = k % block
+            out[n, k] = levels[(pn[k // block * LANES + within % LANES] >> (within // LANES * bits)) & mask] \
+                * norms[n, k // group]
+
+
 @_jit(GEMM_FASTMATH)
 def _gemm_rows(x, w, out):
     """out[r, n] = x[r] . w[n] for x (R, K), w (N, K) [out, in]: five rows at a time through
@@ -210,12 +235,23 @@ def _fwht_rows(x, group, out):
     rows, k_dim = x.shape
     k_pad = out.shape[1]
     norm = np.float32(1.0 / math.sqrt(group))
+    vector = group in (16, 32, 64, 128) and group % LANES == 0  # simd._fwht_groups' sizes
     for r in range(rows):
         o = out[r]
         for k in range(k_dim):
             o[k] = x[r, k]
         for k in range(k_dim, k_pad):
             o[k] = 0.0
+        if vector:  # the same butterflies in registers (a literal size per call site)
+            if group == 128:
+                _fwht_groups(o, 128)
+            elif group == 64:
+                _fwht_groups(o, 64)
+            elif group == 32:
+                _fwht_groups(o, 32)
+            else:
+                _fwht_groups(o, 16)
+            continue
         h = 1
         if group >= 8:  # stages h = 1, 2, 4 as one unrolled 8-point transform: their inner loops
             h = 8       # are too short to vectorise (same sums in the same order: bit-identical)

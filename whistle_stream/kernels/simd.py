@@ -256,3 +256,100 @@ def _tile5(typingctx, m, c0, coef, out):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def _levels_row(typingctx, codes, norms, levels, group, bits, out):
+    """out[k] = levels[index k] * norms[k // group] for one matrix row: its level indices of the
+    literal `bits` bits (2 or 4) in `interleave`'s layout, dequantised in the rotated domain (the
+    Hadamard rotation is left to the activation). norms (K_pad // group,) and levels (2**bits,)
+    float32; out (K_pad,) float32 contiguous; group a multiple of LANES * 8 // bits dividing K_pad.
+    One LANES-byte load per block, widened once; each vector a shift, a mask, the table lookup and
+    a multiply by the group's norm."""
+    if not isinstance(bits, types.IntegerLiteral) or bits.literal_value not in PACKED_BITS:
+        return None
+    if codes.dtype != types.uint8:
+        return None
+    width = bits.literal_value
+    sig = types.none(codes, norms, levels, group, bits, out)
+
+    def codegen(context, builder, signature, args):
+        codes_v, norms_v, levels_v, group_v, _, out_v = args
+        code_arr = context.make_array(signature.args[0])(context, builder, codes_v)
+        norm_arr = context.make_array(signature.args[1])(context, builder, norms_v)
+        level_arr = context.make_array(signature.args[2])(context, builder, levels_v)
+        out_arr = context.make_array(signature.args[5])(context, builder, out_v)
+        k_pad = cgutils.unpack_tuple(builder, out_arr.shape, 1)[0]
+        group_i = context.cast(builder, group_v, signature.args[3], types.intp)
+        vec_ptr_t = ir.PointerType(_vec(_F32))
+        tables = _level_tables(builder, level_arr, 1 << width)
+        per = 8 // width
+        mask = _splat(builder, ir.Constant(_I32, (1 << width) - 1), _I32)
+        with cgutils.for_range(builder, builder.sdiv(k_pad, group_i)) as group_loop:
+            g = group_loop.index
+            norm = _splat(builder, builder.load(builder.gep(norm_arr.data, [g])), _F32)
+            base = builder.mul(g, group_i)
+            with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES * per))) as block_loop:
+                first = builder.add(base, builder.mul(block_loop.index, ir.Constant(_I64, LANES * per)))
+                at = builder.gep(code_arr.data, [builder.sdiv(first, ir.Constant(_I64, per))])
+                raw = builder.load(builder.bitcast(at, ir.PointerType(_vec(ir.IntType(8)))), align=1)
+                wide = builder.zext(raw, _vec(_I32))
+                for j in range(per):
+                    shifted = builder.lshr(wide, _splat(builder, ir.Constant(_I32, j * width), _I32)) if j else wide
+                    w = _level_lookup(builder, tables, builder.and_(shifted, mask), 1 << width)
+                    dest = builder.gep(out_arr.data, [builder.add(first, ir.Constant(_I64, j * LANES))])
+                    builder.store(builder.fmul(w, norm), builder.bitcast(dest, vec_ptr_t), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def _fwht_groups(typingctx, row, group):
+    """The normalised Walsh-Hadamard transform of each `group` block of a contiguous float32 row,
+    in place (x_g @ H, H the Sylvester matrix over sqrt(group)). group: a literal power of two,
+    a multiple of LANES and at most 16 * LANES, dividing the row's length.
+
+    A block is held in group / LANES vectors: the butterflies of stride h < LANES pair lanes
+    of one vector (a shuffle to the partner lane, then the sum or the difference per lane), those
+    of stride h >= LANES pair whole vectors. Each output is the same sum or difference of the same
+    operands, stage by stage, as the plain loop's (`kernels._fwht_rows`): bit-identical."""
+    if not isinstance(group, types.IntegerLiteral):
+        return None
+    size = group.literal_value
+    if size < LANES or size % LANES or size & (size - 1) or size > 16 * LANES or row.dtype != types.float32:
+        return None
+    sig = types.none(row, group)
+
+    def codegen(context, builder, signature, args):
+        row_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        length = cgutils.unpack_tuple(builder, row_arr.shape, 1)[0]
+        vf = _vec(_F32)
+        vec_ptr_t = ir.PointerType(vf)
+        count = size // LANES
+        scale = ir.Constant(vf, [1.0 / float(np.sqrt(size))] * LANES)
+        with cgutils.for_range(builder, builder.sdiv(length, ir.Constant(_I64, size))) as loop:
+            base = builder.mul(loop.index, ir.Constant(_I64, size))
+            ptrs = [builder.bitcast(builder.gep(row_arr.data, [builder.add(base, ir.Constant(_I64, i * LANES))]),
+                                    vec_ptr_t) for i in range(count)]
+            v = [builder.load(p, align=4) for p in ptrs]
+            h = 1
+            while h < LANES:
+                partner = ir.Constant(_vec(_I32), [lane ^ h for lane in range(LANES)])
+                upper = ir.Constant(ir.VectorType(ir.IntType(1), LANES), [bool(lane & h) for lane in range(LANES)])
+                for i in range(count):
+                    p = builder.shuffle_vector(v[i], v[i], partner)
+                    v[i] = builder.select(upper, builder.fsub(p, v[i]), builder.fadd(v[i], p))
+                h *= 2
+            while h < size:
+                step = h // LANES
+                for i in range(count):
+                    if (i // step) % 2 == 0:
+                        a, b = v[i], v[i + step]
+                        v[i], v[i + step] = builder.fadd(a, b), builder.fsub(a, b)
+                h *= 2
+            for p, x in zip(ptrs, v):
+                builder.store(builder.fmul(x, scale), p, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
