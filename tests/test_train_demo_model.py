@@ -318,6 +318,34 @@ def test_spec_draws_stay_inside_each_clip_and_their_limits():
     assert all(np.array_equal(a, b) for a, b in zip(again, first))
 
 
+def test_mel_warp_scales_the_low_channels_and_keeps_both_ends():
+    import jax
+
+    alpha = np.array([0.9, 1.0, 1.1], np.float32)
+    src = np.asarray(tdm.mel_sources(jax.numpy.asarray(alpha), 80))
+    np.testing.assert_allclose(src[:, 0], 0.0)
+    np.testing.assert_allclose(src[:, -1], 79.0, rtol=1e-6)
+    np.testing.assert_allclose(src[1], np.arange(80), rtol=1e-6)  # alpha 1: the identity
+    for row, a in zip(src, alpha):
+        assert np.all(np.diff(row) > 0) and row.min() >= 0 and row.max() <= 79 + 1e-4
+        low = np.arange(80) <= tdm.WARP_KNEE * 79 * min(1.0, 1.0 / a)
+        np.testing.assert_allclose(row[low], np.arange(80)[low] * a, rtol=1e-5)
+
+
+def test_mel_warp_interpolates_each_clip_between_channels_as_numpy_does():
+    import jax
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 7, 80)).astype(np.float32)
+    alpha = np.array([0.92, 1.0, 1.08], np.float32)
+    got = np.asarray(tdm.mel_warp(jax.numpy.asarray(x), jax.numpy.asarray(alpha)))
+    src = np.asarray(tdm.mel_sources(jax.numpy.asarray(alpha), 80))
+    for b in range(3):
+        for t in range(7):
+            np.testing.assert_allclose(got[b, t], np.interp(src[b], np.arange(80), x[b, t]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[1], x[1])
+
+
 def test_parse_spec_augment_reads_four_counts_and_names_a_bad_value():
     assert tdm.parse_spec_augment("") is None
     assert tdm.parse_spec_augment("0,0,0,0") is None

@@ -197,20 +197,60 @@ def spec_draws(key, frames, batch: int, mels: int, spec: tuple[int, int, int, in
     return f0, fw, t0, tw
 
 
-def augmented_encode(model, params, wav, lengths, key, spec):
+WARP_KNEE = 0.8  # mel_warp: the share of the mel axis scaled by alpha; the rest bends to keep the top
+
+
+def mel_sources(alpha, mels: int):
+    """(B, mels) float32 source positions of a vocal-tract-length warp on the mel axis (after VTLP,
+    Jaitly & Hinton 2013, on mel channels instead of linear frequency): channel m reads channel
+    m * alpha below the knee, then a straight line to the top channel, which stays in place. alpha
+    (B,): above 1 a channel reads a higher one, so formants move down as a longer vocal tract's
+    would; below 1 they move up; 1 leaves the features alone."""
+    import jax.numpy as jnp
+
+    top = float(mels - 1)
+    m = jnp.arange(mels, dtype=jnp.float32)[None, :]
+    a = alpha[:, None].astype(jnp.float32)
+    knee = WARP_KNEE * top * jnp.minimum(1.0, 1.0 / a)  # below it m * alpha stays inside the axis
+    above = knee * a + (m - knee) * (top - knee * a) / (top - knee)
+    return jnp.where(m <= knee, m * a, above)
+
+
+def mel_warp(x, alpha):
+    """x (B, frames, mels) features read at `mel_sources` by linear interpolation between channels."""
+    import jax.numpy as jnp
+
+    mels = x.shape[2]
+    src = jnp.clip(mel_sources(alpha, mels), 0.0, mels - 1.0)
+    lo = jnp.floor(src).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, mels - 1)
+    frac = (src - lo)[:, None, :]
+    take = lambda idx: jnp.take_along_axis(x, jnp.broadcast_to(idx[:, None, :], x.shape), axis=2)
+    return take(lo) * (1.0 - frac) + take(hi) * frac
+
+
+def augmented_encode(model, params, wav, lengths, key, spec, warp: float = 0.0):
     """model.apply(..., method=Whistle.encode) on quantised params with SpecAugment (spec_draws'
-    `spec`, None: off) on the log-mel features. Whistle.encode reads the reference module's
-    `features` when it is traced, so the masked features stand in for that trace only; validation and
-    scoring trace the plain one."""
+    `spec`, None: off) and a mel warp (`mel_warp`, alpha uniform in [1 - warp, 1 + warp] per clip;
+    0: off) on the log-mel features. Whistle.encode reads the reference module's `features` when it
+    is traced, so the augmented features stand in for that trace only; validation and scoring trace
+    the plain one."""
+    import jax
+
     from needle.model import whistle as reference
 
-    if spec is None:
+    if spec is None and not warp:
         return model.apply({"params": params}, wav, lengths, True, method=reference.Whistle.encode)
     plain = reference.features
+    spec_key, warp_key = jax.random.split(key)
 
     def masked(c, w, n):
         x, frames = plain(c, w, n)  # (B, frames, mels)
-        draws = spec_draws(key, frames, x.shape[0], x.shape[2], spec)
+        if warp:
+            x = mel_warp(x, jax.random.uniform(warp_key, (x.shape[0],), minval=1.0 - warp, maxval=1.0 + warp))
+        if spec is None:
+            return x, frames
+        draws = spec_draws(spec_key, frames, x.shape[0], x.shape[2], spec)
         return x * spec_keep(*draws, x.shape[1], x.shape[2]), frames
 
     reference.features = masked
@@ -647,6 +687,10 @@ def main(argv=None) -> None:
                                      "its step, only scores it")
     ap.add_argument("--label-smoothing", type=float, default=0.0,
                     help="label smoothing of the training cross entropy (validation reports it unsmoothed; 0: off)")
+    ap.add_argument("--warp", type=float, default=0.0,
+                    help="vocal-tract-length warp of the training clips' log-mel features: each clip, each "
+                         "step, its mel axis scaled by alpha uniform in [1-W, 1+W] (mel_warp; validation and "
+                         "scoring unwarped; 0: off)")
     ap.add_argument("--spec-augment", default="",
                     help="SpecAugment on the training clips' log-mel features, F,W,T,S: F bands of up to W mel "
                          "channels and T spans of up to S 10 ms frames set to the clip mean (e.g. 2,12,2,20; "
@@ -670,6 +714,8 @@ def main(argv=None) -> None:
             ap.error(f"--init-cact {args.init_cact}: not a readable .cact with a tokenizer ({e})")
     if args.average < 1:
         ap.error(f"--average is a number of exports, at least 1, got {args.average}")
+    if not 0.0 <= args.warp < 0.5:
+        ap.error(f"--warp is a range from 0 to 0.5 (exclusive), got {args.warp}")
     if not 0.0 <= args.perturb < 0.5:
         ap.error(f"--perturb is a speed range from 0 to 0.5 (exclusive), got {args.perturb}")
     if args.align < 0:
@@ -763,7 +809,8 @@ def main(argv=None) -> None:
     log(f"model dim {cfg.dim} heads {cfg.heads} enc {cfg.enc_layers} dec {cfg.dec_layers} "
         f"sites {cfg.sites} slots {cfg.slots} stem {cfg.stem}: {count / 1e6:.2f} M params; "
         f"QAT CQ{args.bits} (CQ4 embedding, mhc_phi) + A8 + KV8; CTC weight {args.ctc}; "
-        f"SpecAugment {'off' if spec is None else 'bands {} x <={}, spans {} x <={} frames'.format(*spec)}")
+        f"SpecAugment {'off' if spec is None else 'bands {} x <={}, spans {} x <={} frames'.format(*spec)}; "
+        f"mel warp {f'alpha 1 +- {args.warp}' if args.warp else 'off'}")
 
     def attention_loss(p, enc, frames, tokens, spans=None, smoothing=0.0):
         """(the decoder's masked cross entropy, with spans plus args.align x the alignment term;
@@ -797,7 +844,7 @@ def main(argv=None) -> None:
         """
         p, head = pair
         q = quantise(p, cq2, True)
-        enc, frames = augmented_encode(model, q, wav, lengths, key, spec)
+        enc, frames = augmented_encode(model, q, wav, lengths, key, spec, args.warp)
         loss, align = attention_loss(q, enc, frames, tokens, spans, args.label_smoothing)
         if args.ctc > 0:
             text = tokens[:, 2:]  # after <s> and the language tag; </s> and pad dropped below
