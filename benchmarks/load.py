@@ -6,6 +6,7 @@
     python benchmarks/load.py --fake --sessions 16             # the fake engine (tests/fakes.py), a smoke run
     python benchmarks/load.py --replicas 3 --sweep 8,16,24     # one replica alone, then 3 behind HAProxy
     python benchmarks/load.py --model full --spoken-tokens 4   # full architecture, realistic token counts
+    python benchmarks/load.py --engine WORKTREE --sweep 16,24  # against another checkout, level by level
 
 Audio: --wav, else held-out demo sentences with pauses (what the bundled model reads steadily), or
 with --audio espeak espeak-ng reading text outside its vocabulary. Each stream sends its audio in
@@ -213,23 +214,23 @@ async def run_level(url: str, http_urls: list[str], audio: np.ndarray, n: int, t
     }
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
+def start_server(args, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     """Start a server on a free port: the real one (`whistle-stream serve`) or the fake; returns it
-    and its ws:// URL once it is ready."""
+    and its ws:// URL once it is ready. root: the checkout whose code it runs (--engine)."""
     if args.fake:
-        cmd = [sys.executable, str(ROOT / "tests" / "fakes.py"), "serve", "--fake-pass-s", str(args.fake_pass_s)]
+        cmd = [sys.executable, str(root / "tests" / "fakes.py"), "serve", "--fake-pass-s", str(args.fake_pass_s)]
     else:
         model = model_path(args.model)
         cmd = [sys.executable, "-m", "whistle_stream.service.server"]
         if args.spoken_tokens or args.prefill == "off" or args.vocab:
-            cmd = [sys.executable, str(ROOT / "benchmarks" / "spoken_tokens.py"),
+            cmd = [sys.executable, str(root / "benchmarks" / "spoken_tokens.py"),
                    "--tokens-per-second", str(args.spoken_tokens), "--prefill", args.prefill,
                    "--vocab", str(args.vocab)]
         cmd += ["--model", model] if model else []
     cmd += ["--port", "0", "--max-sessions", str(max(args.levels) + 8)]
     if args.workers:
         cmd += ["--workers", str(args.workers)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=root, stderr=subprocess.PIPE, text=True)
     port = None
     deadline = time.monotonic() + 600   # the first start may compile the JIT cache
     while time.monotonic() < deadline:
@@ -350,6 +351,33 @@ async def compare_prefill(args, audio) -> int:
     return 0
 
 
+async def compare_engine(args, audio) -> int:
+    """The sweep against a server running another checkout's engine (--engine; started in that
+    folder, `whistle_stream` imports from it, while the editable install keeps the service this
+    checkout's) and one running this checkout's, both started here and idle but for the level
+    being measured, alternating level by level so machine load hits both alike."""
+    servers = {"other": start_server(args, args.engine.resolve()), "this": start_server(args)}
+    found = {name: [] for name in servers}
+    try:
+        for n in args.levels:
+            for name, (proc, url) in servers.items():
+                row = await run_level(url, ["http" + url[2:]], audio, n, args.token, [proc.pid])
+                found[name].append(row)
+                print(f"{name} N={n}: errors {row['errors']}, words {row['words']}, "
+                      f"commit p95 {row['commit_p95']:.2f} s", file=sys.stderr)
+    finally:
+        stop(list(servers.values()))
+    for name, label in (("other", f"the engine of {args.engine}"), ("this", "this checkout")):
+        print(f"\n{label}:")
+        print_table(found[name], args.target)
+    before, after = largest(found["other"], args.target), largest(found["this"], args.target)
+    ratio = f"{after / before:.2f}x" if before else "n/a"
+    print(f"\nlargest sustained N ({args.target}): {after or 'none'} with this checkout against "
+          f"{before or 'none'} with {args.engine}: {ratio}; model {args.model or 'demo'}"
+          + (f", passes held to {args.spoken_tokens:g} tokens per audio second" if args.spoken_tokens else ""))
+    return 0
+
+
 async def amain(args) -> int:
     if args.wav:
         audio = load_wav(args.wav)
@@ -360,6 +388,8 @@ async def amain(args) -> int:
         audio = np.tile(audio, reps)[: int(args.seconds * RATE)]
     if args.prefill == "both":
         return await compare_prefill(args, audio)
+    if args.engine:
+        return await compare_engine(args, audio)
     servers = [] if args.url else [start_server(args)]
     url = args.url or servers[0][1]
     try:
@@ -427,9 +457,15 @@ def main(argv=None) -> int:
                         "default), search them again (off: the engine before it), or sweep both in turn, "
                         "in the same run")
     p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--engine", type=Path, help="another checkout's root (a git worktree of the previous commit): "
+                                               "the sweep against its server and this one's, level by level")
     args = p.parse_args(argv)
     if args.prefill == "both" and args.replicas > 1:
         p.error("--prefill both compares one server each way; leave out --replicas")
+    if args.engine and (args.url or args.replicas > 1 or args.prefill == "both" or args.fake):
+        p.error("--engine starts both servers here, one each: leave out --url, --replicas, --prefill both and --fake")
+    if args.engine and not (args.engine / "whistle_stream" / "encoder.py").is_file():
+        p.error(f"--engine {args.engine}: not a checkout (no whistle_stream/encoder.py there)")
     if args.replicas < 1 or (args.replicas > 1 and args.url):
         p.error("--replicas is 1 or more, and starts its servers here (not with --url)")
     args.levels = [int(x) for x in args.sweep.split(",")] if args.sweep else [args.sessions]
