@@ -279,6 +279,13 @@ for bits in (2, 4):
 levels = rng.integers(-30000, 30000, (n_out, k_pad)).astype(np.int16)
 _levels_rows(x, levels, norms, group, out)
 check(levels, 1e-2)
+from whistle_stream.kernels import _fwht_rows
+from whistle_stream.container import walsh_hadamard
+for g in (16, 32, 64, 128):   # simd._fwht_groups' sizes, against the Hadamard matrix
+    rot = np.empty((5, k_pad), np.float32)
+    _fwht_rows(x[:, :200], g, rot)
+    want = np.pad(x[:, :200], ((0, 0), (0, k_pad - 200))).reshape(5, -1, g) @ walsh_hadamard(g).astype(np.float64)
+    np.testing.assert_allclose(rot, want.reshape(5, k_pad), rtol=1e-5, atol=1e-5)
 print("ok", simd.LANES)
 """
 
