@@ -271,14 +271,15 @@ def _weight_scratch(rows: int, cols: int) -> np.ndarray:
 
 class CQLinear:
     """y = x @ W.T for a CQ matrix (or several stacked along their outputs) whose level indices
-    stay packed (2 or 4 bits each): the many-row products of the encoder and stem.
+    stay packed (2 or 4 bits each): the many-row products (the stem, the encoder, the decoder's
+    cross-attention K and V over the memory).
 
     A CQ row group is w_g = (levels[idx] * norm) @ H with H the symmetric normalised Walsh-Hadamard
     matrix, so x_g . w_g = (x_g @ H) . (levels[idx] * norm). Each call rotates the activation
     (`_fwht_rows`), dequantises the matrix without its rotation into this thread's scratch
-    (`_packed_levels`, a quarter of a nanosecond a weight) and hands the product to BLAS: an 8
-    layer encoder holds 3 MB of codes instead of 50 MB of float32 weights. Agrees with `Linear`
-    on the dequantised matrix to float32 rounding (the sums run in another order).
+    (`_packed_levels`) and hands the product to BLAS: the model holds a sixteenth of the bytes of
+    float32 weights (2-bit), plus one matrix's float32 per thread. Agrees with `Linear` on the
+    dequantised matrix to float32 rounding (the sums run in another order).
     """
 
     def __init__(self, cqs):
