@@ -125,7 +125,20 @@ def test_linear_matches_matmul_on_both_row_paths(rows):
                                rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows, k", [(10, 64), (10, 60), (7, 64)])  # fives of rows and K of lanes: simd._dot5
+def test_gemm_rows_gives_a_row_the_same_bits_whatever_rows_come_with_it():
+    """A one-token decoder step and teacher forcing run the mHC maps' product on 1 and on S rows:
+    equal bits keep them equal (an int8 fake-quant downstream would flip a code on a last-bit
+    difference)."""
+    w, x = rand(24, 1024), rand(21, 1024)
+    together = np.empty((21, 24), np.float32)
+    K._gemm_rows(x, w, together)
+    for r in range(21):
+        alone = np.empty((1, 24), np.float32)
+        K._gemm_rows(x[r:r + 1], w, alone)
+        np.testing.assert_array_equal(alone[0], together[r])
+
+
+@pytest.mark.parametrize("rows, k", [(10, 64), (10, 60), (7, 64)])  # K of lanes: simd._dot5 (rows padded to fives)
 def test_gemm_rows_matches_matmul_on_its_five_row_and_plain_paths(rows, k):
     w, x = rand(9, k), rand(rows, 2 * k)[:, ::2]  # x: every other column, not contiguous
     out = np.empty((rows, 9), np.float32)

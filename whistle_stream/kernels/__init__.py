@@ -208,12 +208,22 @@ def _packed_levels(packed, norms, levels, bits, group, out):
 @_jit(GEMM_FASTMATH)
 def _gemm_rows(x, w, out):
     """out[r, n] = x[r] . w[n] for x (R, K), w (N, K) [out, in]: five rows at a time through
-    `simd._dot5` when R is a multiple of five and K of its lanes (a decoder step's beams), else one
-    accumulator per row."""
+    `simd._dot5` when K is a multiple of its lanes (rows padded with zeros to a multiple of five),
+    else one accumulator per row. Through `_dot5` a row's sums run in the same order whatever rows
+    come with it: compiled into a caller, the plain loop's reductions were vectorised differently
+    for the rows of an unrolled body and those of its remainder (the mHC maps of a one-token step
+    differed from teacher forcing's by ~1e-7)."""
     rows, k_dim = x.shape
-    if rows % 5 == 0 and k_dim % LANES == 0 and k_dim > 0 and x.strides[1] == 4 and w.strides[1] == 4:
+    if k_dim % LANES == 0 and k_dim > 0 and w.strides[1] == 4:
         ones = np.ones((w.shape[0], 1), np.float32)  # one group of K per row, norm 1
-        _dot5_rows(x, w, ones, ones[0], k_dim, out)
+        if rows % 5 == 0 and x.strides[1] == 4:
+            _dot5_rows(x, w, ones, ones[0], k_dim, out)
+            return
+        padded = np.zeros((rows + (-rows) % 5, k_dim), np.float32)
+        padded[:rows] = x
+        full = np.empty((padded.shape[0], w.shape[0]), np.float32)
+        _dot5_rows(padded, w, ones, ones[0], k_dim, full)
+        out[:, :] = full[:rows]
         return
     for n in range(w.shape[0]):
         wn = w[n]
