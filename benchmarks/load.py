@@ -6,6 +6,7 @@
     python benchmarks/load.py --fake --sessions 16             # the fake engine (tests/fakes.py), a smoke run
     python benchmarks/load.py --replicas 3 --sweep 8,16,24     # one replica alone, then 3 behind HAProxy
     python benchmarks/load.py --model full --spoken-tokens 4   # full architecture, realistic token counts
+    python benchmarks/load.py --model full --spoken-tokens 4 --scripted --prefill both   # words commit
     python benchmarks/load.py --engine WORKTREE --sweep 16,24  # against another checkout, level by level
 
 Audio: --wav, else held-out demo sentences with pauses (what the bundled model reads steadily), or
@@ -225,7 +226,7 @@ def start_server(args, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
         if args.spoken_tokens or args.prefill == "off" or args.vocab:
             cmd = [sys.executable, str(root / "benchmarks" / "spoken_tokens.py"),
                    "--tokens-per-second", str(args.spoken_tokens), "--prefill", args.prefill,
-                   "--vocab", str(args.vocab)]
+                   "--vocab", str(args.vocab)] + (["--scripted"] if args.scripted else [])
         cmd += ["--model", model] if model else []
     cmd += ["--port", "0", "--max-sessions", str(max(args.levels) + 8)]
     if args.workers:
@@ -456,6 +457,9 @@ def main(argv=None) -> int:
                    help="streams read their committed words in one teacher-forced run (on: the engine's "
                         "default), search them again (off: the engine before it), or sweep both in turn, "
                         "in the same run")
+    p.add_argument("--scripted", action="store_true",
+                   help="with --spoken-tokens: every pass reads one fixed word sequence, so passes agree and "
+                        "words commit as a real model's do (benchmarks/spoken_tokens.py)")
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--engine", type=Path, help="another checkout's root (a git worktree of the previous commit): "
                                                "the sweep against its server and this one's, level by level")

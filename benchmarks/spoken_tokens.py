@@ -30,12 +30,44 @@ RATE = 16000
 _pass = threading.local()   # the running pass's token target, per engine worker thread
 
 
-def install(tokens_per_second: float) -> None:
-    """Patch the engine (this process only) so each pass decodes its audio's share of tokens."""
+SCRIPT_BONUS = 30.0  # added to the scripted token's logit: far above a random model's spread
+
+
+def script_for(tokenizer, vocab: int, length: int = 4096, seed: int = 0) -> np.ndarray:
+    """A fixed token sequence that reads as words: a word-start piece, then on 3 words in 10 a
+    continuation piece (about 1.3 pieces a word), drawn from the model's own alphabetic pieces."""
+    from whistle_stream.rules import WORD_START
+
+    starts, rests = [], []
+    for i in range(vocab):
+        if tokenizer.is_special(i):
+            continue
+        piece = tokenizer.piece(i)
+        if piece.startswith(WORD_START) and piece[1:].isalpha() and len(piece) > 2:
+            starts.append(i)
+        elif piece.isalpha():
+            rests.append(i)
+    rng = np.random.default_rng(seed)
+    out = []
+    while len(out) < length:
+        out.append(int(rng.choice(starts)))
+        if rests and rng.random() < 0.3:
+            out.append(int(rng.choice(rests)))
+    return np.array(out[:length], np.int64)
+
+
+def install(tokens_per_second: float, scripted: bool = False) -> None:
+    """Patch the engine (this process only) so each pass decodes its audio's share of tokens.
+    scripted: each pass reads the same fixed word sequence (`script_for`) from the utterance's start
+    and ends at its target, so consecutive passes agree as a real model's do on real speech: words
+    commit, and the prefill of committed words runs as it would."""
     decode, beam_search, find_loop = engine_model.Whistle._decode, engine_model.beam_search, search.find_loop
 
     def _decode(self, pcm, *args, **kwargs):
         _pass.need = math.ceil(tokens_per_second * len(pcm) / RATE)
+        if scripted and getattr(self, "_script", None) is None:
+            self._script = script_for(self.tokenizer, self.dims.vocab)
+        _pass.script = self._script if scripted else None
         try:
             return decode(self, pcm, *args, **kwargs)
         finally:
@@ -44,11 +76,16 @@ def install(tokens_per_second: float) -> None:
     def forced_search(first_logits, advance, *, eos, prompt_len=2, **kwargs):
         # the pass's target less the committed words fed before the search (the prefill)
         need, step = getattr(_pass, "need", 0) - (prompt_len - 2), [0]
+        script = getattr(_pass, "script", None)
 
         def held(logits):
             logits = np.array(logits, dtype=np.float32, copy=True)
             if step[0] < need:
                 logits[..., eos] = -np.inf
+                if script is not None:   # the text position counts the prefilled tokens too
+                    logits[..., script[(prompt_len - 2 + step[0]) % len(script)]] += SCRIPT_BONUS
+            elif script is not None:
+                logits[..., eos] += SCRIPT_BONUS
             step[0] += 1
             return logits
 
@@ -95,12 +132,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--tokens-per-second", type=float, default=4.0, help="0: the model decides")
     ap.add_argument("--vocab", type=int, default=0, help="embedding and head rows (0: the model's own)")
+    ap.add_argument("--scripted", action="store_true",
+                    help="every pass reads one fixed word sequence (script_for), so passes agree and words commit")
     ap.add_argument("--prefill", choices=("on", "off"), default="on",
                     help="off: passes search the committed words again (the engine before its prefill)")
     known, rest = ap.parse_known_args(argv)
     if known.vocab < 0:
         ap.error(f"--vocab is a row count (0: the model's own), got {known.vocab}")
-    install(known.tokens_per_second)
+    install(known.tokens_per_second, known.scripted)
     if known.vocab:
         shipped_vocabulary(known.vocab)
     if known.prefill == "off":

@@ -363,3 +363,28 @@ def test_speech_is_deterministic(clips):
 def test_speech_rejects_an_unknown_engine():
     with pytest.raises(ValueError, match="engine"):
         audio.speech("hello", engine="festival")
+
+
+def test_the_load_benchmarks_script_reads_as_words_of_the_models_own_pieces():
+    """benchmarks/spoken_tokens.py --scripted: a fixed sequence of word-start pieces, some followed
+    by a continuation piece, so passes that read it agree word by word."""
+    import sys
+    from pathlib import Path
+
+    from whistle_stream.container import CactFile
+    from whistle_stream.models import demo_model_path
+    from whistle_stream.rules import WORD_START
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from spoken_tokens import script_for
+
+    cact = CactFile(demo_model_path())
+    tok = cact.tokenizer
+    script = script_for(tok, cact.dims.vocab, length=2000)
+    assert np.array_equal(script, script_for(tok, cact.dims.vocab, length=2000))  # the same for every pass
+    pieces = [tok.piece(int(i)) for i in script]
+    assert pieces[0].startswith(WORD_START) and not any(tok.is_special(int(i)) for i in script)
+    words = sum(p.startswith(WORD_START) for p in pieces)
+    assert 1.2 < len(pieces) / words < 1.4
+    # at most one continuation piece after a word's start
+    assert not any(not a.startswith(WORD_START) and not b.startswith(WORD_START) for a, b in zip(pieces, pieces[1:]))
