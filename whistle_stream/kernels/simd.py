@@ -133,6 +133,21 @@ def interleave(codes, bits: int):
     return out.reshape(rows, -1)
 
 
+def _block_codes(builder, code_arr, tables, first, width: int):
+    """The 8 // width vectors of levels of one block of `interleave`'s layout whose first code is
+    `first`: one LANES-byte load widened once, then per vector a shift, a mask and `_level_lookup`."""
+    per = 8 // width
+    mask = _splat(builder, ir.Constant(_I32, (1 << width) - 1), _I32)
+    at = builder.gep(code_arr.data, [builder.sdiv(first, ir.Constant(_I64, per))])
+    raw = builder.load(builder.bitcast(at, ir.PointerType(_vec(ir.IntType(8)))), align=1)
+    wide = builder.zext(raw, _vec(_I32))
+    out = []
+    for j in range(per):
+        shifted = builder.lshr(wide, _splat(builder, ir.Constant(_I32, j * width), _I32)) if j else wide
+        out.append(_level_lookup(builder, tables, builder.and_(shifted, mask), 1 << width))
+    return out
+
+
 @intrinsic(prefer_literal=True)
 def _dot5(typingctx, codes, x, r0, norms, levels, group, bits):
     """(5 float32) out[i] = sum_g norms[g] * (w_g . x[r0 + i, g]) for one matrix row.
@@ -186,15 +201,9 @@ def _dot5(typingctx, codes, x, r0, norms, levels, group, bits):
             base = builder.mul(g, group_i)
             if packed:   # a LANES-byte load per block, widened once, then 8 // width vectors of codes
                 per = 8 // width
-                mask = _splat(builder, ir.Constant(_I32, (1 << width) - 1), _I32)
                 with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES * per))) as block_loop:
                     first = builder.add(base, builder.mul(block_loop.index, ir.Constant(_I64, LANES * per)))
-                    at = builder.gep(code_arr.data, [builder.sdiv(first, ir.Constant(_I64, per))])
-                    raw = builder.load(builder.bitcast(at, ir.PointerType(_vec(ir.IntType(8)))), align=1)
-                    wide = builder.zext(raw, _vec(_I32))
-                    for j in range(per):
-                        shifted = builder.lshr(wide, _splat(builder, ir.Constant(_I32, j * width), _I32)) if j else wide
-                        w = _level_lookup(builder, tables, builder.and_(shifted, mask), 1 << width)
+                    for j, w in enumerate(_block_codes(builder, code_arr, tables, first, width)):
                         accumulate(builder.add(first, ir.Constant(_I64, j * LANES)), w)
             else:
                 with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES))) as lane_loop:
@@ -284,19 +293,13 @@ def _levels_row(typingctx, codes, norms, levels, group, bits, out):
         vec_ptr_t = ir.PointerType(_vec(_F32))
         tables = _level_tables(builder, level_arr, 1 << width)
         per = 8 // width
-        mask = _splat(builder, ir.Constant(_I32, (1 << width) - 1), _I32)
         with cgutils.for_range(builder, builder.sdiv(k_pad, group_i)) as group_loop:
             g = group_loop.index
             norm = _splat(builder, builder.load(builder.gep(norm_arr.data, [g])), _F32)
             base = builder.mul(g, group_i)
             with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES * per))) as block_loop:
                 first = builder.add(base, builder.mul(block_loop.index, ir.Constant(_I64, LANES * per)))
-                at = builder.gep(code_arr.data, [builder.sdiv(first, ir.Constant(_I64, per))])
-                raw = builder.load(builder.bitcast(at, ir.PointerType(_vec(ir.IntType(8)))), align=1)
-                wide = builder.zext(raw, _vec(_I32))
-                for j in range(per):
-                    shifted = builder.lshr(wide, _splat(builder, ir.Constant(_I32, j * width), _I32)) if j else wide
-                    w = _level_lookup(builder, tables, builder.and_(shifted, mask), 1 << width)
+                for j, w in enumerate(_block_codes(builder, code_arr, tables, first, width)):
                     dest = builder.gep(out_arr.data, [builder.add(first, ir.Constant(_I64, j * LANES))])
                     builder.store(builder.fmul(w, norm), builder.bitcast(dest, vec_ptr_t), align=4)
         return context.get_dummy_value()
