@@ -331,6 +331,15 @@ async def through_balancer(args, audio) -> list[dict]:
             stop(servers)
 
 
+def print_ratio(args, after_rows: list[dict], before_rows: list[dict], after: str, before: str) -> None:
+    """The two sweeps' largest sustained N and their ratio, in one line."""
+    new, old = largest(after_rows, args.target), largest(before_rows, args.target)
+    ratio = f"{new / old:.2f}x" if old else "n/a"
+    print(f"\nlargest sustained N ({args.target}): {new or 'none'} {after} against {old or 'none'} {before}: "
+          f"{ratio}; model {args.model or 'demo'}"
+          + (f", passes held to {args.spoken_tokens:g} tokens per audio second" if args.spoken_tokens else ""))
+
+
 async def compare_prefill(args, audio) -> int:
     """The sweep against a server whose streams search their committed words again (the engine
     before the prefill), then against one that prefills them, in the same run."""
@@ -344,11 +353,7 @@ async def compare_prefill(args, audio) -> int:
             stop(servers)
         print(f"\nprefill {mode}:")
         print_table(found[mode], args.target)
-    before, after = largest(found["off"], args.target), largest(found["on"], args.target)
-    ratio = f"{after / before:.2f}x" if before else "n/a"
-    print(f"\nlargest sustained N ({args.target}): {after or 'none'} with the prefill against "
-          f"{before or 'none'} without: {ratio}; model {args.model or 'demo'}"
-          + (f", passes held to {args.spoken_tokens:g} tokens per audio second" if args.spoken_tokens else ""))
+    print_ratio(args, found["on"], found["off"], "with the prefill", "without")
     return 0
 
 
@@ -371,11 +376,7 @@ async def compare_engine(args, audio) -> int:
     for name, label in (("other", f"the engine of {args.engine}"), ("this", "this checkout")):
         print(f"\n{label}:")
         print_table(found[name], args.target)
-    before, after = largest(found["other"], args.target), largest(found["this"], args.target)
-    ratio = f"{after / before:.2f}x" if before else "n/a"
-    print(f"\nlargest sustained N ({args.target}): {after or 'none'} with this checkout against "
-          f"{before or 'none'} with {args.engine}: {ratio}; model {args.model or 'demo'}"
-          + (f", passes held to {args.spoken_tokens:g} tokens per audio second" if args.spoken_tokens else ""))
+    print_ratio(args, found["this"], found["other"], "with this checkout", f"with {args.engine}")
     return 0
 
 
