@@ -360,19 +360,21 @@ async def compare_prefill(args, audio) -> int:
 async def compare_engine(args, audio) -> int:
     """The sweep against a server running another checkout's engine (--engine; started in that
     folder, `whistle_stream` imports from it, while the editable install keeps the service this
-    checkout's) and one running this checkout's, both started here and idle but for the level
-    being measured, alternating level by level so machine load hits both alike."""
-    servers = {"other": start_server(args, args.engine.resolve()), "this": start_server(args)}
-    found = {name: [] for name in servers}
-    try:
-        for n in args.levels:
-            for name, (proc, url) in servers.items():
+    checkout's) and one running this checkout's, alternating level by level so machine load hits
+    both alike. Each level starts its server afresh and stops it before the other's runs: only the
+    server being measured is alive (an idle second server measurably slowed the first)."""
+    roots = {"other": args.engine.resolve(), "this": ROOT}
+    found = {name: [] for name in roots}
+    for n in args.levels:
+        for name, root in roots.items():
+            proc, url = start_server(args, root)
+            try:
                 row = await run_level(url, ["http" + url[2:]], audio, n, args.token, [proc.pid])
-                found[name].append(row)
-                print(f"{name} N={n}: errors {row['errors']}, words {row['words']}, "
-                      f"commit p95 {row['commit_p95']:.2f} s", file=sys.stderr)
-    finally:
-        stop(list(servers.values()))
+            finally:
+                stop([(proc, url)])
+            found[name].append(row)
+            print(f"{name} N={n}: errors {row['errors']}, words {row['words']}, "
+                  f"commit p95 {row['commit_p95']:.2f} s, tail p95 {row['tail_p95']:.2f} s", file=sys.stderr)
     for name, label in (("other", f"the engine of {args.engine}"), ("this", "this checkout")):
         print(f"\n{label}:")
         print_table(found[name], args.target)

@@ -641,6 +641,26 @@ def test_cross_attention_weights_are_distributions_per_layer_and_head(odd_model,
     assert not np.array_equal(each[0], each[-1])
 
 
+def test_weights_over_a_searched_state_reuse_its_memory_exactly(odd_model, odd_decoder):
+    """The word-time pass reuses the search's cross-attention K/V (`same_as`): the same logits and
+    weights bit for bit as a pass that projects them again, however far the search went."""
+    dec = odd_decoder
+    _, enc, text = _parity_case(odd_model, seed=9)
+    d = dec.dims
+    tokens = [d.bos, d.first_tag, *text[:6]]
+    search = dec.start(enc, beams=3)
+    dec.feed(search, tokens[:2])
+    dec.step(search, np.array([0, 0, 0]), np.array(text[:3]))
+    dec.step(search, np.array([2, 0, 1]), np.array(text[3:6]))
+    fresh_logits, fresh = dec.logits_and_weights(enc, tokens)
+    logits, weights = dec.logits_and_weights(enc, tokens, same_as=search)
+    np.testing.assert_array_equal(weights, fresh)
+    np.testing.assert_array_equal(logits, fresh_logits)
+    assert search.position == 4 and search.rows == 3      # the search's own state is untouched
+    with pytest.raises(ValueError, match=f"over {enc.shape[0]} encoder frames; enc has 5"):
+        dec.cross_attention_weights(enc[:5], tokens, same_as=search)
+
+
 # ---------------------------------------------------------------- boundary checks
 
 

@@ -359,8 +359,6 @@ class Decoder:
     def start(self, enc: np.ndarray, beams: int = 5) -> DecoderState:
         """A fresh decode over the encoder output `enc` (frames, width) float32, room for `beams`
         rows. Projects each kept layer's cross-attention K/V once."""
-        if not isinstance(beams, (int, np.integer)) or beams < 1:
-            raise ValueError(f"beams must be a positive integer, got {beams!r}")
         d = self.dims
         mem = self.memory(enc)
         frames = mem.shape[0]
@@ -371,7 +369,20 @@ class Decoder:
             v = np.ascontiguousarray(v).reshape(frames, d.heads, d.v_dim)
             cross_k.append(_memory_codes(k))
             cross_v.append(_memory_codes(v))
-        cap, T = int(beams), d.max_tokens
+        return self._fresh(frames, cross_k, cross_v, beams)
+
+    def restart(self, state: DecoderState, beams: int = 1) -> DecoderState:
+        """A fresh decode over the same encoder output as `state` (a `start` of it): the
+        cross-attention K/V are shared (read-only), not projected again; nothing is fed yet."""
+        return self._fresh(state.frames, state.cross_k, state.cross_v, beams)
+
+    def _fresh(self, frames: int, cross_k: list, cross_v: list, beams: int) -> DecoderState:
+        """A state with room for `beams` rows over projected cross-attention K/V, nothing fed."""
+        if not isinstance(beams, (int, np.integer)) or beams < 1:
+            raise ValueError(f"beams must be a positive integer, got {beams!r}")
+        cap = int(beams)
+        d = self.dims
+        T = d.max_tokens
         # Raw rows the causal taps read back, in rings one slot longer than the taps reach: slot
         # position % R of pool row r, read through the block table like the KV pool (a reorder
         # moves nothing).
@@ -430,18 +441,27 @@ class Decoder:
         state = self.start(enc, beams=1)
         return self.feed(state, tokens)[0]
 
-    def cross_attention_weights(self, enc: np.ndarray, tokens, layers=None) -> np.ndarray:
+    def cross_attention_weights(self, enc: np.ndarray, tokens, layers=None, *,
+                                same_as: DecoderState | None = None) -> np.ndarray:
         """Teacher-forced cross-attention weights (len(layers) * heads, len(tokens), frames) of the
-        given kept layers (file indices; default `alignment_layers`), layer-major then head."""
-        return self.logits_and_weights(enc, tokens, layers)[1]
+        given kept layers (file indices; default `alignment_layers`), layer-major then head.
+        same_as: a state started on this `enc` (the search's): its cross K/V are reused."""
+        return self.logits_and_weights(enc, tokens, layers, same_as=same_as)[1]
 
-    def logits_and_weights(self, enc: np.ndarray, tokens, layers=None) -> tuple[np.ndarray, np.ndarray]:
+    def logits_and_weights(self, enc: np.ndarray, tokens, layers=None, *,
+                           same_as: DecoderState | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`logits` and `cross_attention_weights` of the same teacher-forced pass, run once."""
         layers = self.alignment_layers if layers is None else tuple(int(i) for i in layers)
         missing = [i for i in layers if i not in self.kept]
         if missing:
             raise ValueError(f"layers {missing} are not among the kept decoder layers {self.kept}")
-        state = self.start(enc, beams=1)
+        if same_as is None:
+            state = self.start(enc, beams=1)
+        elif same_as.frames != np.shape(enc)[0]:
+            raise ValueError(f"same_as holds a decode over {same_as.frames} encoder frames; enc has "
+                             f"{np.shape(enc)[0]}")
+        else:
+            state = self.restart(same_as, beams=1)
         tokens = np.asarray(tokens).reshape(-1)
         tokens = self._check_tokens(tokens, state, tokens.shape[0])
         collected: dict[int, np.ndarray] = {}

@@ -148,7 +148,7 @@ class Whistle:
         if words and tokens:
             # a committed word was heard and agreed on: its tokens count as certain
             probs = np.concatenate([np.ones(len(prefix)), np.exp(np.asarray(result.token_logprobs, np.float64))])
-            weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + tokens)
+            weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + tokens, same_as=state)
             out["words"] = self._word_times(pcm, len(enc), weights, tokens, probs, open_end)
         return out
 
