@@ -28,10 +28,10 @@ TEST_CLIPS = 200
 pytestmark = pytest.mark.slow
 
 # The bundled demo model is too weak for some accuracy lines and a stricter test of
-# long audio: trained on this 2-vCPU machine in under 2 hours it reaches held-out WER ~7.3% with 5
-# beams (see docs/demo-model.md; the line is 5%) and misreads many words of 30 s windows of several
+# long audio: trained on 2-vCPU machines it reaches held-out WER 5.5% with 5 beams (see
+# docs/demo-model.md; the line is 5%) and misreads many words of 30 s windows of several
 # sentences. Those tests run, print their numbers, and turn into passes when the model reaches them.
-WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER ~7.3% with 5 beams; long windows "
+WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER 5.5% with 5 beams; long windows "
                                      "misread)",
                               strict=False)
 

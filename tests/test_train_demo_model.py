@@ -1,6 +1,8 @@
 """The demo model's training script: the alignment term that teaches cross-attention to follow
 the words (tools/train_demo_model.py --align), on hand-built inputs and a tiny reference model."""
 
+import hashlib
+import json
 import os
 import sys
 
@@ -381,3 +383,19 @@ def test_augmented_encode_masks_the_features_of_that_call_only():
     x, n = plain_features(cfg, wav, lengths)
     keep = tdm.spec_keep(*tdm.spec_draws(key, n, 2, x.shape[2], (2, 20, 2, 30)), x.shape[1], x.shape[2])
     assert 0.0 < float(np.asarray(keep).mean()) < 1.0
+
+
+def test_keep_export_copies_the_export_with_a_card_of_its_own(tmp_path):
+    from types import SimpleNamespace
+
+    out = tmp_path / "demo.cact"
+    out.write_bytes(b"an export")
+    cfg = SimpleNamespace(languages=("en",), dim=8, enc_layers=1, dec_layers=1, text=4, v_dim=4, qk_dim=4, kv_heads=1)
+    kept = tdm.keep_export(str(out), 1750, ["one", "two"], cfg, "Step 1750.")
+    assert kept == str(tmp_path / "demo-step1750.cact")
+    assert (tmp_path / "demo-step1750.cact").read_bytes() == b"an export"
+    card = json.loads((tmp_path / "demo-step1750.json").read_text())
+    assert card["sha256"] == hashlib.sha256(b"an export").hexdigest()
+    assert card["description"].endswith("Step 1750.") and card["vocabulary"] == ["one", "two"]
+    out.write_bytes(b"the next export")   # the next export leaves the copy as it was
+    assert (tmp_path / "demo-step1750.cact").read_bytes() == b"an export"

@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import struct
 import sys
 import time
@@ -596,6 +597,15 @@ def write_card(cact: str, vocabulary: list[str], cfg, note: str) -> None:
     os.replace(path + ".tmp", path)
 
 
+def keep_export(cact: str, step: int, vocabulary: list[str], cfg, note: str) -> str:
+    """A copy of the export `cact` as CACT-stepS.cact with its own card (`--keep-exports`): the
+    export itself is overwritten by the next one. Returns the copy's path."""
+    kept = f"{os.path.splitext(cact)[0]}-step{step}.cact"
+    shutil.copyfile(cact, kept)
+    write_card(kept, vocabulary, cfg, note)
+    return kept
+
+
 # ---------------------------------------------------------------------------------------------
 # Greedy decoding on the quantised weights (like whistle_finetune._score_quantised)
 
@@ -652,6 +662,8 @@ def main(argv=None) -> None:
     ap.add_argument("--dec-layers", type=int, default=2)
     ap.add_argument("--bits", type=int, choices=(2, 4), default=2, help="width of the non-embedding matrices")
     ap.add_argument("--export-every", type=int, default=150)
+    ap.add_argument("--keep-exports", action="store_true",
+                    help="keep each export as OUT-stepS.cact with its card (OUT itself is overwritten by the next)")
     ap.add_argument("--test-clips", type=int, default=300)
     ap.add_argument("--score", type=int, default=0, help="score only the first N test clips (0: all)")
     ap.add_argument("--ctc", type=float, default=0.3,
@@ -898,6 +910,8 @@ def main(argv=None) -> None:
         os.replace(ckpt + ".tmp.npz", ckpt)
         info = write_cact(jax.device_get(p[0]), cfg, args.out, blob, cq2)
         write_card(args.out, vocabulary, cfg, note)
+        if args.keep_exports:
+            keep_export(args.out, step, vocabulary, cfg, note)
         return info
 
     train_ids = ids["train"] + transcript_ids(cfg, sp, mixed)
