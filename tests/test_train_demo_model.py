@@ -237,7 +237,8 @@ def test_average_checkpoints_refuses_weights_that_do_not_fit(tmp_path, capsys):
 def test_params_from_cact_read_the_shipped_model_back_into_params_that_pack_to_it(tmp_path):
     """--init-cact: the shipped .cact read back into a params tree (every element of it held by the
     file), packed again, gives the same file but for the engram tables, whose 32-wide rows fill a
-    128-wide CQ group with zeros that the dequantised rows cannot keep (under 1 % of its values)."""
+    128-wide CQ group with zeros that the dequantised rows cannot keep (under 1 % of its values;
+    none differ in the model shipped since 2026-12-03)."""
     pytest.importorskip("needle")
     import jax
     from needle.model import export
@@ -261,8 +262,9 @@ def test_params_from_cact_read_the_shipped_model_back_into_params_that_pack_to_i
             assert a == b
         elif not np.array_equal(a, b):
             differing.append((i, np.shape(a), float(np.mean(a != b))))
-    assert [shape for _, shape, _ in differing] == [(cfg.slots * 4, 32)], differing
-    assert differing[0][2] < 0.01
+    # only the engram tables may differ, by under 1 % of their values
+    assert all(shape == (cfg.slots * 4, 32) and share < 0.01 for _, shape, share in differing), differing
+    assert len(differing) <= 1
     # a model of another shape is refused by name
     small = tdm.whistle_config(512, dim=64)
     other = jax.device_get(Whistle(small).init(jax.random.PRNGKey(0), wav, lengths, tokens)["params"])
