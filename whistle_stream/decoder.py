@@ -359,6 +359,7 @@ class Decoder:
     def start(self, enc: np.ndarray, beams: int = 5) -> DecoderState:
         """A fresh decode over the encoder output `enc` (frames, width) float32, room for `beams`
         rows. Projects each kept layer's cross-attention K/V once."""
+        cap = _beam_rows(beams)
         d = self.dims
         mem = self.memory(enc)
         frames = mem.shape[0]
@@ -369,18 +370,15 @@ class Decoder:
             v = np.ascontiguousarray(v).reshape(frames, d.heads, d.v_dim)
             cross_k.append(_memory_codes(k))
             cross_v.append(_memory_codes(v))
-        return self._fresh(frames, cross_k, cross_v, beams)
+        return self._fresh(frames, cross_k, cross_v, cap)
 
     def restart(self, state: DecoderState, beams: int = 1) -> DecoderState:
         """A fresh decode over the same encoder output as `state` (a `start` of it): the
         cross-attention K/V are shared (read-only), not projected again; nothing is fed yet."""
-        return self._fresh(state.frames, state.cross_k, state.cross_v, beams)
+        return self._fresh(state.frames, state.cross_k, state.cross_v, _beam_rows(beams))
 
-    def _fresh(self, frames: int, cross_k: list, cross_v: list, beams: int) -> DecoderState:
-        """A state with room for `beams` rows over projected cross-attention K/V, nothing fed."""
-        if not isinstance(beams, (int, np.integer)) or beams < 1:
-            raise ValueError(f"beams must be a positive integer, got {beams!r}")
-        cap = int(beams)
+    def _fresh(self, frames: int, cross_k: list, cross_v: list, cap: int) -> DecoderState:
+        """A state with room for `cap` rows over projected cross-attention K/V, nothing fed."""
         d = self.dims
         T = d.max_tokens
         # Raw rows the causal taps read back, in rings one slot longer than the taps reach: slot
@@ -574,6 +572,13 @@ class Decoder:
         logits = self.head.rotated(xr)
         state.position = start + n_new
         return logits.reshape(rows, n_new, d.vocab)
+
+
+def _beam_rows(beams) -> int:
+    """The row capacity a decode of `beams` beams needs; refuses anything but a positive integer."""
+    if not isinstance(beams, (int, np.integer)) or beams < 1:
+        raise ValueError(f"beams must be a positive integer, got {beams!r}")
+    return int(beams)
 
 
 def _push_history(hist: np.ndarray, rows: int, new: np.ndarray) -> None:
