@@ -672,7 +672,11 @@ def test_bad_input_is_refused_with_what_is_accepted(odd_model, odd_decoder):
         dec.start(np.zeros((4, 3), np.float32))
     with pytest.raises(ValueError, match="NaN"):
         dec.start(np.full((4, d.width), np.nan, np.float32))
+    with pytest.raises(ValueError, match="beams must be a positive integer, got 0"):
+        dec.start(enc, beams=0)
     state = dec.start(enc, beams=2)
+    with pytest.raises(ValueError, match="beams must be a positive integer, got 1.5"):
+        dec.restart(state, beams=1.5)
     with pytest.raises(ValueError, match="token ids must be in"):
         dec.feed(state, [d.vocab])
     dec.feed(state, [d.bos])
