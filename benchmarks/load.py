@@ -362,8 +362,7 @@ async def compare_engine(args, audio) -> int:
     folder, `whistle_stream` imports from it, while the editable install keeps the service this
     checkout's) and one running this checkout's, alternating level by level so machine load hits
     both alike. Each level starts its server afresh and stops it before the other's runs: only the
-    server being measured is alive (with both alive, one comparison measured 5-25 s tails at 4-8
-    streams where either server alone kept up, tails under 1.5 s)."""
+    server being measured is alive (docs/benchmarks.md has what two live servers did to a run)."""
     roots = {"other": args.engine.resolve(), "this": ROOT}
     found = {name: [] for name in roots}
     for n in args.levels:
@@ -383,14 +382,21 @@ async def compare_engine(args, audio) -> int:
     return 0
 
 
-async def amain(args) -> int:
-    if args.wav:
-        audio = load_wav(args.wav)
+def stream_audio(kind: str, seconds: float, wav: str | None = None) -> np.ndarray:
+    """Each stream's audio: the --wav file, else `kind` ("demo": held-out demo sentences with pauses;
+    "espeak": espeak-ng reading a paragraph), looped or cut to `seconds` (0: as it is)."""
+    if wav:
+        audio = load_wav(wav)
     else:
-        audio = synthesize_speech() if args.audio == "espeak" else demo_sentences(args.seconds)
-    if args.seconds:
-        reps = int(np.ceil(args.seconds * RATE / len(audio)))
-        audio = np.tile(audio, reps)[: int(args.seconds * RATE)]
+        audio = synthesize_speech() if kind == "espeak" else demo_sentences(seconds)
+    if seconds:
+        reps = int(np.ceil(seconds * RATE / len(audio)))
+        audio = np.tile(audio, reps)[: int(seconds * RATE)]
+    return audio
+
+
+async def amain(args) -> int:
+    audio = stream_audio(args.audio, args.seconds, args.wav)
     if args.prefill == "both":
         return await compare_prefill(args, audio)
     if args.engine:

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 _CHILD = r"""
-import hashlib, json, sys, time
+import hashlib, json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[2] + "/benchmarks"]
 import numpy as np
 import whistle_stream.model, whistle_stream.search, whistle_stream.streaming   # this engine's, first
@@ -69,10 +69,9 @@ def main(argv=None) -> int:
         ap.error("--repeats must be at least 1 and --seconds positive")
 
     from harness_model import model_path
-    from load import RATE, demo_sentences, synthesize_speech
+    from load import RATE, stream_audio
 
-    audio = synthesize_speech() if args.audio == "espeak" else demo_sentences(args.seconds)
-    audio = np.tile(audio, int(np.ceil(args.seconds * RATE / len(audio))))[: int(args.seconds * RATE)]
+    audio = stream_audio(args.audio, args.seconds)
     path = model_path("full")
     sides = {"this": ROOT, "other": args.engine.resolve()}
     with tempfile.TemporaryDirectory() as tmp:
