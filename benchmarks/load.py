@@ -357,13 +357,24 @@ async def compare_prefill(args, audio) -> int:
     return 0
 
 
+def link_transport(root: Path) -> None:
+    """Make `root`'s own service and clients what `whistle_stream.service` / `.clients` import when
+    Python starts in `root` (links whistle_stream/service -> ../service and clients -> ../clients,
+    where absent); else the editable install maps them to this checkout's folders."""
+    for name in ("service", "clients"):
+        link = root / "whistle_stream" / name
+        if not link.exists() and (root / name).is_dir():
+            link.symlink_to(Path("..") / name)
+
+
 async def compare_engine(args, audio) -> int:
-    """The sweep against a server running another checkout's engine (--engine; started in that
-    folder, `whistle_stream` imports from it, while the editable install keeps the service this
-    checkout's) and one running this checkout's, alternating level by level so machine load hits
-    both alike. Each level starts its server afresh and stops it before the other's runs: only the
-    server being measured is alive (docs/benchmarks.md has what two live servers did to a run)."""
+    """The sweep against a server running another checkout's code (--engine; started in that
+    folder, so `whistle_stream` imports from it, and its service and clients through
+    `link_transport`) and one running this checkout's, alternating level by level so machine load
+    hits both alike. Each level starts its server afresh and stops it before the other's runs: only
+    the server being measured is alive (docs/benchmarks.md has what two live servers did to a run)."""
     roots = {"other": args.engine.resolve(), "this": ROOT}
+    link_transport(roots["other"])
     found = {name: [] for name in roots}
     for n in args.levels:
         for name, root in roots.items():
@@ -472,7 +483,7 @@ def main(argv=None) -> int:
                         "words commit as a real model's do (benchmarks/spoken_tokens.py)")
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.add_argument("--engine", type=Path, help="another checkout's root (a git worktree of the previous commit): "
-                                               "the sweep against its server and this one's, level by level")
+                                               "the sweep against its server (its engine and service) and this one's, level by level")
     args = p.parse_args(argv)
     if args.prefill == "both" and args.replicas > 1:
         p.error("--prefill both compares one server each way; leave out --replicas")

@@ -48,7 +48,7 @@ class EngineStream(Protocol):
 
     passes: int
 
-    def feed(self, audio: np.ndarray) -> dict: ...
+    def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict: ...
     def checkpoint(self) -> dict: ...   # JSON-able; "buffer_start" and "received": stream samples at 16 kHz
     def finalize(self) -> dict: ...
     def finish(self) -> dict: ...
@@ -88,6 +88,13 @@ class _NoObserver:
 
     def replayed(self, seconds: float) -> None:
         pass
+
+
+# A live session whose oldest audio waiting for the engine was whole this long ago has fallen
+# behind: its next pass reads everything received (`SessionCore._behind`).
+CATCH_UP_LAG_S = 1.0
+# Audio arriving at most this much ahead of the wall clock since the session's first frame is live.
+LIVE_SLACK_S = 2.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,6 +215,7 @@ class SessionCore:
         self._utterance_fed = False    # audio of the current utterance reached the engine
         self._passes_seen = 0
         self._arrivals: deque = deque()  # (session seconds received so far, clock time)
+        self._pace: tuple[float, float] | None = None  # (session seconds, clock) where live audio began
         self.resume_secret, self.resume_ttl, self.wall_clock = resume_secret, resume_ttl, wall_clock
         self.resumed = False
         self.replay_from = 0.0      # where the client's replay starts (a resumed session)
@@ -349,7 +357,10 @@ class SessionCore:
         if before < self._replay_until:
             self.observer.replayed(min(seconds, self._replay_until) - before)
         self.observer.audio(len(samples) / self.config.sample_rate)
-        self._arrivals.append((seconds, self.clock()))
+        now = self.clock()
+        self._arrivals.append((seconds, now))
+        if self._pace is None and before >= self._replay_until:
+            self._pace = (before, now)   # live audio starts here (after any replay)
         limit = self.limits.max_session_seconds
         if seconds > limit:
             raise P.ProtocolError(P.ErrorCode.SESSION_LIMIT, f"this session reached its limit of "
@@ -371,17 +382,20 @@ class SessionCore:
 
     # -- the engine half ---------------------------------------------------------------------
     def execute(self, work: Sequence[Work]) -> list[P.ServerMessage]:
-        """Run work items through the engine, in order; consecutive feeds become one engine call
-        (a backlog is caught up in one pass schedule). Engine errors propagate, and mark the core
-        failed: a transport then ends the session with `internal`."""
+        """Run work items through the engine, in order; consecutive feeds become one engine call,
+        across the resume marks between them (a backlog is caught up at once: one pass schedule,
+        or one pass when the session has fallen behind, see `_behind`). Engine errors propagate,
+        and mark the core failed: a transport then ends the session with `internal`."""
         out: list[P.ServerMessage] = []
         pending: list[Chunk] = []
         sealed = 0   # out[:sealed] carry their tokens
         try:
-            for item in work:
+            for i, item in enumerate(work):
                 if isinstance(item, Feed):
                     pending.extend(item.chunks)
                     continue
+                if isinstance(item, Mark) and pending and i + 1 < len(work) and isinstance(work[i + 1], Feed):
+                    continue   # more audio follows: one feed for all of it, sealed at a later mark
                 if pending:
                     out += self._feed(pending)
                     pending = []
@@ -445,7 +459,22 @@ class SessionCore:
             self.time_map.add(c)
         self._utterance_fed = True
         audio = chunks[0].audio if len(chunks) == 1 else np.concatenate([c.audio for c in chunks])
-        return self._publish(self.stream.feed(audio))
+        return self._publish(self.stream.feed(audio, catch_up=self._behind(chunks)))
+
+    def _behind(self, chunks: list[Chunk]) -> bool:
+        """A live session that has fallen behind: its audio arrives no faster than real time and
+        the first of these chunks was whole more than CATCH_UP_LAG_S ago. Its stream then runs
+        one pass for all of them instead of one per step (`StreamSession.feed(catch_up=)`), so a
+        busy machine gives each session fewer passes rather than a growing backlog. A client
+        sending faster than real time (a file) is not behind: its passes stay one per step."""
+        if len(chunks) < 2 or self._pace is None:
+            return False
+        seconds, since = self._pace
+        now = self.clock()
+        if self.session.audio_seconds - seconds > now - since + LIVE_SLACK_S:
+            return False
+        whole = self._arrived(chunks[0].start + len(chunks[0].audio) / RATE)
+        return whole is not None and now - whole > CATCH_UP_LAG_S
 
     def _refill(self, chunks: list[Chunk]) -> None:
         """Replayed audio the resumed engine stream held: back into its buffer (no pass runs)."""

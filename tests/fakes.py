@@ -40,6 +40,7 @@ class FakeStream:
         self.passes = 0
         self.closed = False
         self.feeds = []            # lengths of every feed call, for tests
+        self.catch_ups = 0         # feed calls asked to catch up (SessionCore._behind)
 
     def _words_heard(self) -> int:
         return int(self.passed / self.model.dims.rate / self.model.word_s)
@@ -68,7 +69,7 @@ class FakeStream:
             time.sleep(self.model.pass_s)
         return 1000.0 * self.model.pass_s + 1.0
 
-    def feed(self, audio: np.ndarray) -> dict:
+    def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict:
         if self.closed:
             raise RuntimeError("feed() after finish()")
         audio = np.asarray(audio)
@@ -78,8 +79,10 @@ class FakeStream:
         self.received += len(audio)
         pass_ms = 0.0
         while self.received - self.passed >= self.step:
-            self.passed += self.step
+            # catch_up: one pass at the newest step end (StreamSession.feed's rule)
+            self.passed += (self.received - self.passed) // self.step * self.step if catch_up else self.step
             pass_ms += self._pass()
+        self.catch_ups += catch_up
         commit_to = max(self.committed, self._words_heard() - self.model.tail)
         return self._result(commit_to, pass_ms)
 

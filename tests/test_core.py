@@ -160,6 +160,47 @@ def test_receive_is_cheap_and_execute_does_the_engine_work():
     assert committed(out) or any(isinstance(m, P.Partial) for m in out)
 
 
+def _queued(clock_step: float, wait: float) -> tuple[SessionCore, FakeWhistle]:
+    """3 s of audio received in 0.1 s frames `clock_step` apart, its work run at once `wait`
+    seconds after the last frame (a session whose engine calls queued behind others'); resume
+    marks on, so the work holds a mark after each frame's."""
+    clock = Clock()
+    model = FakeWhistle()
+    core = SessionCore(model, P.SessionConfig(vad=False), clock=clock, resume_secret=b"k" * 32)
+    core.open()
+    work = []
+    for _ in range(30):
+        work += core.receive(pcm(np.zeros(1600, np.float32))).work
+        clock.now += clock_step
+    clock.now += wait
+    core.execute(work)
+    return core, model
+
+
+def test_a_live_session_that_fell_behind_reads_its_backlog_in_one_pass():
+    _, model = _queued(clock_step=0.1, wait=0.5)
+    (stream,) = model.streams
+    assert stream.feeds == [3 * RATE] and stream.catch_ups == 1 and model.passes == 1
+
+
+def test_a_backlog_sent_faster_than_real_time_gets_a_pass_per_step():
+    _, model = _queued(clock_step=0.0, wait=0.5)   # a file sent at once, then its work run
+    (stream,) = model.streams
+    assert stream.feeds == [3 * RATE] and stream.catch_ups == 0 and model.passes == 3
+
+
+def test_a_live_session_keeping_up_gets_a_pass_per_step():
+    clock = Clock()
+    model = FakeWhistle()
+    core = SessionCore(model, P.SessionConfig(vad=False), clock=clock, resume_secret=b"k" * 32)
+    core.open()
+    for _ in range(30):
+        core.audio(pcm(np.zeros(1600, np.float32)))
+        clock.now += 0.1
+    (stream,) = model.streams
+    assert stream.catch_ups == 0 and model.passes == 3
+
+
 def test_an_engine_failure_marks_the_core_failed():
     core, _ = open_core(FakeWhistle(fail_after=0), vad=False)
     with pytest.raises(RuntimeError):

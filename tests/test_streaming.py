@@ -526,3 +526,62 @@ def test_a_pass_is_given_the_utterances_committed_words_to_read_first(monkeypatc
     assert not prefixes[int(second)] and not prefixes[int(second) + 1]
     plain_prefixes, plain_words = run(False)
     assert not any(plain_prefixes) and plain_words == words
+
+
+def _caught_up(audio: np.ndarray, chunk_s: float) -> tuple[list[str], StreamSession]:
+    """A stream fed `chunk_s` seconds at a time with catch_up (a session behind real time)."""
+    session = StreamSession(FakeModel())
+    step = int(chunk_s * RATE)
+    words = [w["word"] for i in range(0, len(audio), step)
+             for w in session.feed(audio[i:i + step], catch_up=True)["words"]]
+    words += [w["word"] for w in session.finish()["words"]]
+    return [w.rstrip(".") for w in words], session
+
+
+def test_catching_up_runs_one_pass_at_the_newest_step_and_commits_every_word_once():
+    audio, truth = scripted_audio(60, seed=11)
+    steps = len(audio) // RATE
+    for chunk_s in (3.0, 4.5):
+        words, session = _caught_up(audio, chunk_s)
+        assert words == [t[0] for t in truth]
+        # one pass per fed chunk (plus finalize's), not one per step
+        feeds = int(np.ceil(len(audio) / (chunk_s * RATE)))
+        assert session.passes <= feeds + 2 < steps
+    # without catch_up the same chunks run a pass per step
+    _, every = run(audio, 3000)
+    assert every.passes >= steps
+
+
+def test_catching_up_keeps_each_pass_on_the_step_grid():
+    audio, _ = scripted_audio(20, seed=12)
+    session = StreamSession(FakeModel())
+    ends = []
+    session.on_pass = lambda d: ends.append(d["received"])
+    session.feed(audio[: int(3.5 * RATE)], catch_up=True)
+    session.feed(audio[int(3.5 * RATE): int(7.2 * RATE)], catch_up=True)
+    assert ends == [3.0, 7.0]
+
+
+def test_catching_up_never_lets_a_pass_hear_more_than_the_buffer_bound():
+    # 40 s of words with tiny gaps, fed in 12 s lumps: a pass may not read past MAX_BUFFER_S,
+    # and the forced commits at the bound still give every word once.
+    audio, truth = scripted_audio(120, seed=7, pause=(0.02, 0.04), length=(0.25, 0.35))
+    words, session = _caught_up(audio, 12.0)
+    assert words == [t[0] for t in truth]
+    assert max(session.model.passes) <= MAX_BUFFER_S
+
+
+def test_a_pause_in_a_step_that_catching_up_skipped_still_ends_the_utterance():
+    # three words, a 1.5 s pause, then speech to the end of the 6 s fed at once: the pass at 6 s
+    # hears the pause in its skipped steps and commits the first utterance now.
+    def word(k, seconds):
+        return np.full(int(seconds * RATE), UNIT * (k + 1), np.float32)
+    gap = np.zeros(int(0.2 * RATE), np.float32)
+    audio = np.concatenate([np.zeros(int(0.3 * RATE), np.float32), word(0, 0.4), gap, word(1, 0.4), gap,
+                            word(2, 0.4), np.zeros(int(1.5 * RATE), np.float32), word(3, 0.5), gap, word(4, 0.5),
+                            gap, word(5, 0.5), gap, word(6, 0.5)])
+    audio = audio[: 6 * RATE]
+    session = StreamSession(FakeModel(), stable_at_pause=False)
+    d = session.feed(audio, catch_up=True)
+    assert session.passes == 1
+    assert [w["word"] for w in d["words"]] == ["w0", "w1", "w2"]

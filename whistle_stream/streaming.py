@@ -152,17 +152,34 @@ class StreamSession:
         self.model.parse_keywords(keywords)  # validate now, not at the next pass
         self.keywords = keywords
 
-    def feed(self, audio) -> dict:
-        """Append audio (float32 16 kHz mono, or anything `load_audio` accepts at the model's rate)."""
+    def feed(self, audio, catch_up: bool = False) -> dict:
+        """Append audio (float32 16 kHz mono, or anything `load_audio` accepts at the model's rate).
+
+        catch_up: when the audio completes several steps, run only the pass at the newest step's
+        end (the passes before it would read audio a later pass reads again); passes stay on the
+        step grid and the buffer within MAX_BUFFER_S. A live service whose session has fallen
+        behind real time sets it (`service.core`): its passes then come as often as the machine
+        allows instead of queueing. Without it (the default) the passes do not depend on how the
+        audio was chunked."""
         self._check_open()
         samples = self.model.load_audio(audio)
         self._buffer = np.concatenate([self._buffer, samples])
         self._received += len(samples)
         out = self._empty()
         while self._received >= self._next_pass:
-            self._pass_and_report(self._next_pass, out)
+            since = self._last_pass_end()
+            if catch_up:
+                self._next_pass = self._newest_pass_end()
+            self._pass_and_report(self._next_pass, out, since=since)
             self._next_pass += self.step
         return self._finish_dict(out)
+
+    def _newest_pass_end(self) -> int:
+        """The last step end received, or the last one that keeps the buffer within bounds."""
+        newest = self._next_pass + (self._received - self._next_pass) // self.step * self.step
+        bound = self._buffer_start + int(MAX_BUFFER_S * self.rate) - self.step
+        within = self._next_pass + max(0, bound - self._next_pass) // self.step * self.step
+        return min(newest, within)
 
     def finalize(self) -> dict:
         """Commit the pending tail now (end of an utterance) and keep streaming."""
@@ -212,25 +229,27 @@ class StreamSession:
     def _empty(self) -> dict:
         return {"words": [], "pass_ms": 0.0}
 
-    def _pass_and_report(self, end: int, out: dict, closing: bool = False) -> None:
+    def _pass_and_report(self, end: int, out: dict, closing: bool = False, since: int | None = None) -> None:
         if self.on_pass is None:
-            self._run_pass(end, out, closing)
+            self._run_pass(end, out, closing, since)
             return
         single = self._empty()
-        self._run_pass(end, single, closing)
+        self._run_pass(end, single, closing, since)
         out["words"].extend(single["words"])
         out["pass_ms"] += single["pass_ms"]
         self.on_pass(self._finish_dict(single, received=end))
 
-    def _run_pass(self, end: int, out: dict, closing: bool = False) -> None:
+    def _run_pass(self, end: int, out: dict, closing: bool = False, since: int | None = None) -> None:
         """Transcribe the buffer up to sample `end` and update commits/pending. `closing`: the
-        pass of finalize(), whose reading is committed without a second one."""
+        pass of finalize(), whose reading is committed without a second one. `since`: the end of
+        the pass before (default: one step before `end`)."""
         t0 = time.perf_counter()
         audio = self._buffer[: end - self._buffer_start]
-        # An utterance that ended at a pause in the newest step is heard alone, up to the pause, as
-        # a one-shot transcription would hear it; what follows the pause waits for the next pass,
-        # whose buffer starts there.
-        gap = last_pause(audio, self.rate, len(audio) - self.step, leading=False)
+        # An utterance that ended at a pause in the audio since the last pass (the newest step) is
+        # heard alone, up to the pause, as a one-shot transcription would hear it; what follows the
+        # pause waits for the next pass, whose buffer starts there.
+        new = self.step if since is None else max(self.step, end - since)
+        gap = last_pause(audio, self.rate, len(audio) - new, leading=False)
         if self._pause_at is not None and self._pause_at <= self._buffer_start:
             self._pause_at = None  # its audio is gone (a forced trim): nothing left to read again
         waiting = self._pause_at is not None
