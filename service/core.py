@@ -74,6 +74,7 @@ class Observer(Protocol):
     def passes(self, count: int, seconds_each: float) -> None: ...
     def commit_latency(self, seconds: float) -> None: ...
     def replayed(self, seconds: float) -> None: ...
+    def caught_up(self) -> None: ...
 
 
 class _NoObserver:
@@ -87,6 +88,9 @@ class _NoObserver:
         pass
 
     def replayed(self, seconds: float) -> None:
+        pass
+
+    def caught_up(self) -> None:
         pass
 
 
@@ -459,7 +463,10 @@ class SessionCore:
             self.time_map.add(c)
         self._utterance_fed = True
         audio = chunks[0].audio if len(chunks) == 1 else np.concatenate([c.audio for c in chunks])
-        return self._publish(self.stream.feed(audio, catch_up=self._behind(chunks)))
+        behind = self._behind(chunks)
+        if behind:
+            getattr(self.observer, "caught_up", lambda: None)()   # (an Observer method is optional)
+        return self._publish(self.stream.feed(audio, catch_up=behind))
 
     def _behind(self, chunks: list[Chunk]) -> bool:
         """A live session that has fallen behind: its audio arrives no faster than real time and

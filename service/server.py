@@ -95,6 +95,8 @@ class Metrics:
                                ["reason"], registry=r)
         self.resumes = Counter("whistle_resumes", "Sessions resumed from a token, by outcome",
                                ["outcome"], registry=r)
+        self.catch_ups = Counter("whistle_catch_ups", "Engine calls that read a live session's backlog in one "
+                                 "pass: the session had fallen behind real time", registry=r)
         self.replayed = Counter("whistle_replayed_audio_seconds", "Audio replayed by resuming clients, seconds",
                                 registry=r)
 
@@ -457,6 +459,9 @@ class MetricsObserver:
 
     def replayed(self, seconds: float) -> None:
         self.m.replayed.inc(seconds)
+
+    def caught_up(self) -> None:
+        self.m.catch_ups.inc()
 
 
 class SessionRunner:
