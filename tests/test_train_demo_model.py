@@ -192,7 +192,7 @@ def test_average_checkpoints_packs_the_mean_of_its_checkpoints(tmp_path):
     from tools import average_checkpoints, demo_data
 
     texts = [item["text"] for item in demo_data.train_items(400, 0)]
-    with open(tmp_path / "train.jsonl", "w") as f:
+    with open(tmp_path / "train-broad.jsonl", "w") as f:   # a --voices broad run's manifest
         for text in texts:
             f.write(json.dumps({"text": text}) + "\n")
     proto = tdm.train_tokenizer(texts, 512, 0)
@@ -204,7 +204,7 @@ def test_average_checkpoints_packs_the_mean_of_its_checkpoints(tmp_path):
         np.savez(tmp_path / f"{name}.npz", params=tdm.params_array(scaled), step=1)
     out = tmp_path / "mean.cact"
     average_checkpoints.main([str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "--data", str(tmp_path),
-                              "--out", str(out)])
+                              "--manifest", "train-broad.jsonl", "--out", str(out)])
     expected = tmp_path / "expected.cact"
     tdm.write_cact(jax.tree.map(lambda x: np.asarray(x) * np.float32(2.0), params), cfg, str(expected),
                    whistle_tokenizer_blob(proto, (tdm.LANGUAGE,)), False)

@@ -4,7 +4,8 @@ Checkpoint averaging (a "weight soup"): the mean of the weights at nearby points
 a run and a second stage fine-tuned from it, often decodes better than either end point. The
 inputs are `train_demo_model.py` checkpoints (`DATA/checkpoint.npz`, `DATA/params-stepS.npz`),
 all of one shape and one tokenizer; the tokenizer is retrained, exactly as the run trained it, from
-the first `--tokenizer-clips` transcripts of DATA's training manifest.
+the first `--tokenizer-clips` transcripts of DATA's training manifest (`--manifest`, train.jsonl; a run with
+`--voices V` trained on train-V.jsonl).
 
     .venv/bin/python tools/average_checkpoints.py --data work-data/demo22 --out work-data/soup.cact \
         work-data/run22-step3500.npz work-data/run23-step600.npz [--weights 0.5,0.5]
@@ -37,7 +38,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("checkpoints", nargs="+", help="checkpoint .npz files of one run's shape and tokenizer")
     ap.add_argument("--weights", help="comma-separated weights, one per checkpoint, summing to 1 (default: equal)")
-    ap.add_argument("--data", default="work-data/demo", help="the run's data folder (its train.jsonl trains the tokenizer)")
+    ap.add_argument("--data", default="work-data/demo", help="the run's data folder (its training manifest trains the tokenizer)")
+    ap.add_argument("--manifest", default="train.jsonl",
+                    help="the training manifest in --data (a run with --voices V trained on train-V.jsonl)")
     ap.add_argument("--out", required=True, help="the .cact to write (its card beside it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab", type=int, default=512)
@@ -53,7 +56,7 @@ def main(argv=None) -> None:
             weights = [float(w) for w in args.weights.split(",")]
         except ValueError:
             ap.error(f"--weights is comma-separated numbers, got {args.weights!r}")
-    manifest = os.path.join(args.data, "train.jsonl")
+    manifest = os.path.join(args.data, args.manifest)
     if not os.path.exists(manifest):
         ap.error(f"{manifest} not found: --data is the run's data folder (its training manifest trains the tokenizer)")
 
