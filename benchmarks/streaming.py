@@ -105,6 +105,9 @@ def main(argv=None) -> None:
     ap.add_argument("--silence", choices=("new", "exact", "both"), default="new",
                     help="--accuracy streams with the engine's digital silence (new: under one 16-bit step), "
                          "the earlier rule (exact: only exact zeros), or each seed both ways in turn")
+    ap.add_argument("--behind", type=float, default=0.0, metavar="S",
+                    help="--accuracy streams fed S seconds at a time with catch_up, as the service feeds a "
+                         "session that has fallen S seconds behind real time (one pass per feed)")
     args = ap.parse_args(argv)
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.prefill]
 
@@ -146,7 +149,7 @@ def main(argv=None) -> None:
                 engine_streaming.DIGITAL_SILENCE = silence  # sound_span reads it at each call
                 if len(rules) > 1:
                     print(f"  digital silence: {'only exact zeros' if silence < 1e-30 else 'under one 16-bit step'}")
-                stream_accuracy(model, args.utterances, seed, prefill, args.rate)
+                stream_accuracy(model, args.utterances, seed, prefill, args.rate, args.behind)
 
 
 def as_microphone(audio: np.ndarray, rate: int) -> np.ndarray:
@@ -166,11 +169,13 @@ def as_microphone(audio: np.ndarray, rate: int) -> np.ndarray:
     return np.concatenate(heard)[:len(audio)].astype(np.float32)
 
 
-def stream_accuracy(model, utterances: int, seed: int, prefill: bool = True, rate: int = RATE) -> None:
+def stream_accuracy(model, utterances: int, seed: int, prefill: bool = True, rate: int = RATE,
+                    behind: float = 0.0) -> None:
     """The streaming accuracy lines on one stream: streamed WER minus the one-shot WER of the same
     utterances (target <= 1 point); words dropped or doubled at the stream's trim seams against the
     one-shot words (target: none); and, stricter, words dropped + added anywhere. With `rate` the
-    stream is heard as a microphone at that rate (`as_microphone`); the one-shot reads stay 16 kHz."""
+    stream is heard as a microphone at that rate (`as_microphone`); the one-shot reads stay 16 kHz.
+    With `behind` (seconds) the stream is fed that much at a time with catch_up."""
     from harness.wer import edit_ops, normalise, seam_errors, wer
 
     audio, utts = build_stream(utterances, seed)
@@ -178,8 +183,9 @@ def stream_accuracy(model, utterances: int, seed: int, prefill: bool = True, rat
         audio = as_microphone(audio, rate)
     session, seams, words = StreamSession(model, prefill=prefill), [], []
     session.on_trim = seams.append
-    for i in range(0, len(audio), RATE):
-        words += session.feed(audio[i:i + RATE])["words"]
+    lump = int(behind * RATE) if behind else RATE
+    for i in range(0, len(audio), lump):
+        words += session.feed(audio[i:i + lump], catch_up=bool(behind))["words"]
     words += session.finish()["words"]
     streamed = " ".join(w["word"] for w in words)
     shot_text, shot_words = one_shot(model, utts)
@@ -187,7 +193,8 @@ def stream_accuracy(model, utterances: int, seed: int, prefill: bool = True, rat
     _, dropped, added = edit_ops(normalise(shot_text), normalise(streamed))
     at_seams = seam_errors(shot_words, words, seams, truth=[u[:3] for u in utts])
     s_wer, o_wer = wer([truth], [streamed]), wer([truth], [shot_text])
-    print(f"  stream seed {seed}{'' if prefill else ' (no prefill)'}{'' if rate == RATE else f' ({rate} Hz microphone)'}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
+    print(f"  stream seed {seed}{'' if prefill else ' (no prefill)'}{'' if rate == RATE else f' ({rate} Hz microphone)'}"
+          f"{f' ({behind:g} s behind, {session.passes} passes)' if behind else ''}: streamed WER {s_wer:.2%}, one-shot {o_wer:.2%} ({(s_wer - o_wer) * 100:+.2f} points); "
           f"at {len(seams)} seams {len(at_seams['dropped'])} dropped + {len(at_seams['doubled']) + len(at_seams['across'])} "
           f"doubled; anywhere vs one-shot: {dropped} dropped + {added} added of {len(normalise(shot_text))} words")
 

@@ -528,52 +528,35 @@ def test_a_pass_is_given_the_utterances_committed_words_to_read_first(monkeypatc
     assert not any(plain_prefixes) and plain_words == words
 
 
-def _caught_up(audio: np.ndarray, chunk_s: float) -> tuple[list[str], StreamSession]:
+def _caught_up(audio: np.ndarray, chunk_s: float) -> tuple[list[str], StreamSession, list[float]]:
     """A stream fed `chunk_s` seconds at a time with catch_up (a session behind real time)."""
     session = StreamSession(FakeModel())
+    ends = []
+    session.on_pass = lambda d: ends.append(d["received"])
     step = int(chunk_s * RATE)
     words = [w["word"] for i in range(0, len(audio), step)
              for w in session.feed(audio[i:i + step], catch_up=True)["words"]]
     words += [w["word"] for w in session.finish()["words"]]
-    return [w.rstrip(".") for w in words], session
+    return [w.rstrip(".") for w in words], session, ends
 
 
-def test_catching_up_runs_one_pass_at_the_newest_step_and_commits_every_word_once():
+def test_catching_up_skips_passes_and_commits_every_word_once():
     audio, truth = scripted_audio(60, seed=11)
-    steps = len(audio) // RATE
-    for chunk_s in (3.0, 4.5):
-        words, session = _caught_up(audio, chunk_s)
-        assert words == [t[0] for t in truth]
-        # one pass per fed chunk (plus finalize's), not one per step
-        feeds = int(np.ceil(len(audio) / (chunk_s * RATE)))
-        assert session.passes <= feeds + 2 < steps
-    # without catch_up the same chunks run a pass per step
     _, every = run(audio, 3000)
-    assert every.passes >= steps
+    assert every.passes >= len(audio) // RATE   # without catch_up: a pass per step
+    for chunk_s in (3.0, 4.5):
+        words, session, ends = _caught_up(audio, chunk_s)
+        assert words == [t[0] for t in truth]
+        assert session.passes < 0.8 * every.passes
+        # every pass ends on the step grid, and each feed's last pass at its newest whole step
+        assert all(e == int(e) for e in ends[:-1])
+        fed = np.arange(chunk_s, len(audio) / RATE, chunk_s)
+        assert set(np.floor(fed)) <= set(ends)
 
 
-def test_catching_up_keeps_each_pass_on_the_step_grid():
-    audio, _ = scripted_audio(20, seed=12)
-    session = StreamSession(FakeModel())
-    ends = []
-    session.on_pass = lambda d: ends.append(d["received"])
-    session.feed(audio[: int(3.5 * RATE)], catch_up=True)
-    session.feed(audio[int(3.5 * RATE): int(7.2 * RATE)], catch_up=True)
-    assert ends == [3.0, 7.0]
-
-
-def test_catching_up_never_lets_a_pass_hear_more_than_the_buffer_bound():
-    # 40 s of words with tiny gaps, fed in 12 s lumps: a pass may not read past MAX_BUFFER_S,
-    # and the forced commits at the bound still give every word once.
-    audio, truth = scripted_audio(120, seed=7, pause=(0.02, 0.04), length=(0.25, 0.35))
-    words, session = _caught_up(audio, 12.0)
-    assert words == [t[0] for t in truth]
-    assert max(session.model.passes) <= MAX_BUFFER_S
-
-
-def test_a_pause_in_a_step_that_catching_up_skipped_still_ends_the_utterance():
-    # three words, a 1.5 s pause, then speech to the end of the 6 s fed at once: the pass at 6 s
-    # hears the pause in its skipped steps and commits the first utterance now.
+def test_catching_up_still_runs_a_pass_at_each_utterance_end():
+    # three words, a 1.5 s pause, then speech to the end of the 6 s fed at once: the step with the
+    # pause gets its pass (the first utterance is heard alone and committed), then the newest step.
     def word(k, seconds):
         return np.full(int(seconds * RATE), UNIT * (k + 1), np.float32)
     gap = np.zeros(int(0.2 * RATE), np.float32)
@@ -582,6 +565,19 @@ def test_a_pause_in_a_step_that_catching_up_skipped_still_ends_the_utterance():
                             gap, word(5, 0.5), gap, word(6, 0.5)])
     audio = audio[: 6 * RATE]
     session = StreamSession(FakeModel(), stable_at_pause=False)
+    ends = []
+    session.on_pass = lambda d: ends.append(d["received"])
     d = session.feed(audio, catch_up=True)
-    assert session.passes == 1
+    assert ends == [3.0, 6.0]
     assert [w["word"] for w in d["words"]] == ["w0", "w1", "w2"]
+    assert session.model.passes[0] < 3.0   # heard up to the pause, alone
+
+
+def test_catching_up_never_lets_a_pass_hear_more_than_the_buffer_bound():
+    # 40 s of words with tiny gaps, fed in 12 s lumps: a pass may not read past MAX_BUFFER_S,
+    # and the forced commits at the bound still give every word once.
+    audio, truth = scripted_audio(120, seed=7, pause=(0.02, 0.04), length=(0.25, 0.35))
+    words, session, _ = _caught_up(audio, 12.0)
+    assert words == [t[0] for t in truth]
+    assert max(session.model.passes) <= MAX_BUFFER_S
+    assert session.passes < 40

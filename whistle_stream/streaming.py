@@ -155,12 +155,13 @@ class StreamSession:
     def feed(self, audio, catch_up: bool = False) -> dict:
         """Append audio (float32 16 kHz mono, or anything `load_audio` accepts at the model's rate).
 
-        catch_up: when the audio completes several steps, run only the pass at the newest step's
-        end (the passes before it would read audio a later pass reads again); passes stay on the
-        step grid and the buffer within MAX_BUFFER_S. A live service whose session has fallen
-        behind real time sets it (`service.core`): its passes then come as often as the machine
-        allows instead of queueing. Without it (the default) the passes do not depend on how the
-        audio was chunked."""
+        catch_up: when the audio completes several steps, skip the passes that would only read
+        again what a later pass reads: a pass runs at each step end where a pass would find an
+        utterance's end (a pause in that step: each utterance is still heard alone) and at the
+        newest step's end; passes stay on the step grid and the buffer within MAX_BUFFER_S. A live
+        service whose session has fallen behind real time sets it (`service.core`): its passes
+        then come as often as the machine allows instead of queueing. Without it (the default)
+        the passes do not depend on how the audio was chunked."""
         self._check_open()
         samples = self.model.load_audio(audio)
         self._buffer = np.concatenate([self._buffer, samples])
@@ -169,17 +170,26 @@ class StreamSession:
         while self._received >= self._next_pass:
             since = self._last_pass_end()
             if catch_up:
-                self._next_pass = self._newest_pass_end()
+                self._next_pass = self._catch_up_end()
             self._pass_and_report(self._next_pass, out, since=since)
             self._next_pass += self.step
         return self._finish_dict(out)
 
-    def _newest_pass_end(self) -> int:
-        """The last step end received, or the last one that keeps the buffer within bounds."""
+    def _catch_up_end(self) -> int:
+        """Where the next pass of a stream catching up ends: the first step end from the next one
+        whose pass would find a pause in its newest step (an utterance ends there), else the
+        newest step end received, or the last one that keeps the buffer within bounds. A reading
+        waiting for its second pass at a pause gets it at the next step end, as without catch_up."""
         newest = self._next_pass + (self._received - self._next_pass) // self.step * self.step
         bound = self._buffer_start + int(MAX_BUFFER_S * self.rate) - self.step
-        within = self._next_pass + max(0, bound - self._next_pass) // self.step * self.step
-        return min(newest, within)
+        newest = min(newest, self._next_pass + max(0, bound - self._next_pass) // self.step * self.step)
+        if self._pause_at is not None:
+            return self._next_pass
+        for end in range(self._next_pass, newest, self.step):
+            audio = self._buffer[: end - self._buffer_start]
+            if last_pause(audio, self.rate, len(audio) - self.step, leading=False) is not None:
+                return end
+        return newest
 
     def finalize(self) -> dict:
         """Commit the pending tail now (end of an utterance) and keep streaming."""
