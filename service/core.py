@@ -95,7 +95,7 @@ class _NoObserver:
 
 
 # A live session whose oldest audio waiting for the engine was whole this long ago has fallen
-# behind: its next pass reads everything received (`SessionCore._behind`).
+# behind: its next engine call skips the passes a later one reads again (`SessionCore._behind`).
 CATCH_UP_LAG_S = 1.0
 # Audio arriving at most this much ahead of the wall clock since the session's first frame is live.
 LIVE_SLACK_S = 2.0
@@ -387,8 +387,8 @@ class SessionCore:
     # -- the engine half ---------------------------------------------------------------------
     def execute(self, work: Sequence[Work]) -> list[P.ServerMessage]:
         """Run work items through the engine, in order; consecutive feeds become one engine call,
-        across the resume marks between them (a backlog is caught up at once: one pass schedule,
-        or one pass when the session has fallen behind, see `_behind`). Engine errors propagate,
+        across the resume marks between them (a backlog is caught up at once: one pass per step,
+        or fewer when the session has fallen behind, see `_behind`). Engine errors propagate,
         and mark the core failed: a transport then ends the session with `internal`."""
         out: list[P.ServerMessage] = []
         pending: list[Chunk] = []
@@ -470,9 +470,10 @@ class SessionCore:
 
     def _behind(self, chunks: list[Chunk]) -> bool:
         """A live session that has fallen behind: its audio arrives no faster than real time and
-        the first of these chunks was whole more than CATCH_UP_LAG_S ago. Its stream then runs
-        one pass for all of them instead of one per step (`StreamSession.feed(catch_up=)`), so a
-        busy machine gives each session fewer passes rather than a growing backlog. A client
+        the first of these chunks was whole more than CATCH_UP_LAG_S ago. Its stream then skips
+        the passes a later pass reads again (`StreamSession.feed(catch_up=)`: one at each
+        utterance end and at the newest step), so a busy machine gives each session fewer passes
+        rather than a growing backlog. A client
         sending faster than real time (a file) is not behind: its passes stay one per step."""
         if len(chunks) < 2 or self._pace is None:
             return False

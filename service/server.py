@@ -95,8 +95,8 @@ class Metrics:
                                ["reason"], registry=r)
         self.resumes = Counter("whistle_resumes", "Sessions resumed from a token, by outcome",
                                ["outcome"], registry=r)
-        self.catch_ups = Counter("whistle_catch_ups", "Engine calls that read a live session's backlog in one "
-                                 "pass: the session had fallen behind real time", registry=r)
+        self.catch_ups = Counter("whistle_catch_ups", "Engine calls that skipped passes of a live session's "
+                                 "backlog: the session had fallen behind real time", registry=r)
         self.replayed = Counter("whistle_replayed_audio_seconds", "Audio replayed by resuming clients, seconds",
                                 registry=r)
 
