@@ -79,7 +79,7 @@ class FakeStream:
         self.received += len(audio)
         pass_ms = 0.0
         while self.received - self.passed >= self.step:
-            # catch_up: one pass at the newest step end (StreamSession.feed's rule)
+            # catch_up: one pass at the newest step end (StreamSession.feed's rule; the fake hears no pauses)
             self.passed += (self.received - self.passed) // self.step * self.step if catch_up else self.step
             pass_ms += self._pass()
         self.catch_ups += catch_up
