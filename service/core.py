@@ -97,8 +97,10 @@ class _NoObserver:
 # A live session whose oldest audio waiting for the engine was whole this long ago has fallen
 # behind: its next engine call skips the passes a later one reads again (`SessionCore._behind`).
 CATCH_UP_LAG_S = 1.0
-# Audio arriving at most this much ahead of the wall clock since the session's first frame is live.
-LIVE_SLACK_S = 2.0
+# Audio arriving at most this much ahead of the wall clock since the session's first frame is live
+# (a microphone's frames, give or take network jitter); a client sending faster is not, so a file
+# sent at once is read with a pass per step however busy the server is.
+LIVE_SLACK_S = 0.5
 
 
 # ---------------------------------------------------------------------------------------------
