@@ -186,10 +186,14 @@ class StreamSession:
         if self._pause_at is not None:
             return self._next_pass
         for end in range(self._next_pass, newest, self.step):
-            audio = self._buffer[: end - self._buffer_start]
-            if last_pause(audio, self.rate, len(audio) - self.step, leading=False) is not None:
+            if self._utterance_end(self._buffer[: end - self._buffer_start], self.step) is not None:
                 return end
         return newest
+
+    def _utterance_end(self, audio: np.ndarray, new: int) -> int | None:
+        """Where an utterance ends in `audio` (a pass's buffer): the middle of the last pause that
+        ends in its newest `new` samples (the audio since the pass before), or None."""
+        return last_pause(audio, self.rate, len(audio) - new, leading=False)
 
     def finalize(self) -> dict:
         """Commit the pending tail now (end of an utterance) and keep streaming."""
@@ -258,8 +262,7 @@ class StreamSession:
         # An utterance that ended at a pause in the audio since the last pass (the newest step) is
         # heard alone, up to the pause, as a one-shot transcription would hear it; what follows the
         # pause waits for the next pass, whose buffer starts there.
-        new = self.step if since is None else max(self.step, end - since)
-        gap = last_pause(audio, self.rate, len(audio) - new, leading=False)
+        gap = self._utterance_end(audio, self.step if since is None else max(self.step, end - since))
         if self._pause_at is not None and self._pause_at <= self._buffer_start:
             self._pause_at = None  # its audio is gone (a forced trim): nothing left to read again
         waiting = self._pause_at is not None
