@@ -258,8 +258,8 @@ async def test_metrics_count_sessions_passes_audio_and_latency(app):
 
 
 async def test_a_live_session_on_a_server_too_slow_for_it_catches_up_and_the_metrics_say_so():
-    # Each fake pass takes 1.5 s of a 1 s step: a live stream falls behind; its backlog is read in
-    # one pass per engine call, so it ends about one pass after its last audio, not one per step.
+    # Each fake pass takes 1.5 s of a 1 s step: a live stream falls behind, and its backlog is read
+    # with one pass per engine call (the fake hears no pauses) instead of one per step.
     model = FakeWhistle(pass_s=1.5)
     app = await start(model)
     try:
@@ -268,12 +268,10 @@ async def test_a_live_session_on_a_server_too_slow_for_it_catches_up_and_the_met
             for i in range(0, len(audio), 1600):
                 await c.send_audio(audio[i:i + 1600])
                 await asyncio.sleep(0.1)   # real time
-            sent = time.monotonic()
             await c.close()
-            tail = time.monotonic() - sent
         stream_ = model.streams[-1]   # (the first is the warm-up's)
+        # fewer passes than the 6 steps (a pass per step, plus finalize's, without catching up)
         assert stream_.catch_ups >= 1 and stream_.passes < 6
-        assert tail < 4.0   # a pass per waiting step would still owe about 3 of them (4.5 s)
         text = (await http_get(app, "/metrics"))[2]
         assert metric(text, "whistle_catch_ups_total") == stream_.catch_ups
     finally:
