@@ -467,7 +467,7 @@ class SessionCore:
         audio = chunks[0].audio if len(chunks) == 1 else np.concatenate([c.audio for c in chunks])
         behind = self._behind(chunks)
         if behind:
-            getattr(self.observer, "caught_up", lambda: None)()   # (an Observer method is optional)
+            self.observer.caught_up()
         return self._publish(self.stream.feed(audio, catch_up=behind))
 
     def _behind(self, chunks: list[Chunk]) -> bool:
@@ -475,8 +475,8 @@ class SessionCore:
         the first of these chunks was whole more than CATCH_UP_LAG_S ago. Its stream then skips
         the passes a later pass reads again (`StreamSession.feed(catch_up=)`: one at each
         utterance end and at the newest step), so a busy machine gives each session fewer passes
-        rather than a growing backlog. A client
-        sending faster than real time (a file) is not behind: its passes stay one per step."""
+        rather than a growing backlog. A client sending faster than real time (a file) is not
+        behind: its passes stay one per step."""
         if len(chunks) < 2 or self._pace is None:
             return False
         seconds, since = self._pace

@@ -160,14 +160,19 @@ def test_receive_is_cheap_and_execute_does_the_engine_work():
     assert committed(out) or any(isinstance(m, P.Partial) for m in out)
 
 
-def _queued(clock_step: float, wait: float) -> tuple[SessionCore, FakeWhistle]:
-    """3 s of audio received in 0.1 s frames `clock_step` apart, its work run at once `wait`
-    seconds after the last frame (a session whose engine calls queued behind others'); resume
-    marks on, so the work holds a mark after each frame's."""
-    clock = Clock()
+def _marked_core(clock: Clock) -> tuple[SessionCore, FakeWhistle]:
+    """An open core without VAD, resume marks on (a mark after each frame's work)."""
     model = FakeWhistle()
     core = SessionCore(model, P.SessionConfig(vad=False), clock=clock, resume_secret=b"k" * 32)
     core.open()
+    return core, model
+
+
+def _queued(clock_step: float, wait: float) -> tuple[SessionCore, FakeWhistle]:
+    """3 s of audio received in 0.1 s frames `clock_step` apart, its work run at once `wait`
+    seconds after the last frame (a session whose engine calls queued behind others')."""
+    clock = Clock()
+    core, model = _marked_core(clock)
     work = []
     for _ in range(30):
         work += core.receive(pcm(np.zeros(1600, np.float32))).work
@@ -184,7 +189,7 @@ def test_a_live_session_that_fell_behind_reads_its_backlog_in_one_pass():
 
 
 def test_a_backlog_sent_faster_than_real_time_gets_a_pass_per_step():
-    # a file sent at once, its work run 1.5 s later (a live session that late would catch up)
+    # a file sent at once, its work run 1.5 s later: late enough that a live stream would catch up
     _, model = _queued(clock_step=0.0, wait=1.5)
     (stream,) = model.streams
     assert stream.feeds == [3 * RATE] and stream.catch_ups == 0 and model.passes == 3
@@ -192,9 +197,7 @@ def test_a_backlog_sent_faster_than_real_time_gets_a_pass_per_step():
 
 def test_a_live_session_keeping_up_gets_a_pass_per_step():
     clock = Clock()
-    model = FakeWhistle()
-    core = SessionCore(model, P.SessionConfig(vad=False), clock=clock, resume_secret=b"k" * 32)
-    core.open()
+    core, model = _marked_core(clock)
     for _ in range(30):
         core.audio(pcm(np.zeros(1600, np.float32)))
         clock.now += 0.1
