@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from harness_model import SHIPPED_VOCAB, model_path  # noqa: E402
+from spoken_tokens import ENGINE_ROOT  # noqa: E402
 from whistle_stream.clients.client import ListenClient  # noqa: E402
 from whistle_stream.service import protocol as P  # noqa: E402
 
@@ -218,20 +219,25 @@ async def run_level(url: str, http_urls: list[str], audio: np.ndarray, n: int, t
 def start_server(args, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     """Start a server on a free port: the real one (`whistle-stream serve`) or the fake; returns it
     and its ws:// URL once it is ready. root: the checkout whose code it runs (--engine)."""
+    env = dict(os.environ)
     if args.fake:
         cmd = [sys.executable, str(root / "tests" / "fakes.py"), "serve", "--fake-pass-s", str(args.fake_pass_s)]
     else:
         model = model_path(args.model)
         cmd = [sys.executable, "-m", "whistle_stream.service.server"]
         if args.spoken_tokens or args.prefill == "off" or args.vocab:
-            cmd = [sys.executable, str(root / "benchmarks" / "spoken_tokens.py"),
+            # the other checkout's harness, or this one's (run against its engine) where it has none
+            harness = root / "benchmarks" / "spoken_tokens.py"
+            if not harness.exists():
+                harness, env = ROOT / "benchmarks" / "spoken_tokens.py", {**env, ENGINE_ROOT: str(root)}
+            cmd = [sys.executable, str(harness),
                    "--tokens-per-second", str(args.spoken_tokens), "--prefill", args.prefill,
                    "--vocab", str(args.vocab)] + (["--scripted"] if args.scripted else [])
         cmd += ["--model", model] if model else []
     cmd += ["--port", "0", "--max-sessions", str(max(args.levels) + 8)]
     if args.workers:
         cmd += ["--workers", str(args.workers)]
-    proc = subprocess.Popen(cmd, cwd=root, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stderr=subprocess.PIPE, text=True)
     port = None
     deadline = time.monotonic() + 600   # the first start may compile the JIT cache
     while time.monotonic() < deadline:

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The engine patched: this checkout's, or (load.py --engine against a checkout older than this
+# harness) the one this variable names.
+ENGINE_ROOT = "WHISTLE_BENCH_ENGINE_ROOT"
+sys.path.insert(0, os.environ.get(ENGINE_ROOT) or str(Path(__file__).resolve().parent.parent))
 
 from whistle_stream import model as engine_model  # noqa: E402
 from whistle_stream import search  # noqa: E402
