@@ -22,6 +22,10 @@ def model_path(name: str | None) -> str | None:
     return name
 
 
+# benchmarks/spoken_tokens.py patches this checkout's engine, or the one this variable names (load.py
+# --engine against a checkout older than that harness runs this checkout's harness on its engine).
+ENGINE_ROOT = "WHISTLE_BENCH_ENGINE_ROOT"
+
 SHIPPED_VOCAB = 8199  # embedding rows of the shipped whistle.cact (the harness's tokenizer has 519)
 
 

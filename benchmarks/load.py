@@ -52,8 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness_model import SHIPPED_VOCAB, model_path  # noqa: E402
-from spoken_tokens import ENGINE_ROOT  # noqa: E402
+from harness_model import ENGINE_ROOT, SHIPPED_VOCAB, model_path  # noqa: E402
 from whistle_stream.clients.client import ListenClient  # noqa: E402
 from whistle_stream.service import protocol as P  # noqa: E402
 

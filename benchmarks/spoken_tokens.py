@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-# The engine patched: this checkout's, or (load.py --engine against a checkout older than this
-# harness) the one this variable names.
-ENGINE_ROOT = "WHISTLE_BENCH_ENGINE_ROOT"
+from harness_model import ENGINE_ROOT  # this script's folder, first on sys.path
+
 sys.path.insert(0, os.environ.get(ENGINE_ROOT) or str(Path(__file__).resolve().parent.parent))
 
 from whistle_stream import model as engine_model  # noqa: E402

@@ -189,7 +189,7 @@ def test_a_live_session_that_fell_behind_reads_its_backlog_in_one_pass():
 
 
 def test_a_backlog_sent_faster_than_real_time_gets_a_pass_per_step():
-    # a file sent at once, its work run 1.5 s later: late enough that a live stream would catch up
+    # a file sent at once, its work done 1.5 s later: late enough that a live stream would catch up
     _, model = _queued(clock_step=0.0, wait=1.5)
     (stream,) = model.streams
     assert stream.feeds == [3 * RATE] and stream.catch_ups == 0 and model.passes == 3
