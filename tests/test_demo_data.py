@@ -261,6 +261,45 @@ def test_a_multi_sentence_clip_joins_its_parts_and_fits_one_window():
     assert text.startswith(" ".join(parts)) and len(text) < len(" ".join(long["parts"]))
 
 
+def test_window_specs_are_seeded_prefix_stable_and_held_out():
+    items = demo_data.window_items(200, seed=0, voices="broad")
+    assert items == demo_data.window_items(200, seed=0, voices="broad")
+    assert items[:50] == demo_data.window_items(50, seed=0, voices="broad")  # cached clips stay valid as N grows
+    reserved = set(demo_data.test_sentences(demo_data.TEST_POOL, 0))
+    assert 0.35 < np.mean([it["head"] for it in items]) < 0.65 and 0.45 < np.mean([it["tail"] for it in items]) < 0.75
+    for it in items:
+        assert it["kind"] == "window" and it["voice"] in demo_data.TRAIN_VOICES and not reserved & set(it["parts"])
+        assert 20.0 <= sum(0.36 * len(p.split()) + 0.8 for p in it["parts"]) < 29.0 + 0.36 * 20 + 0.8
+
+
+@needs_tts
+@pytest.mark.parametrize("head, tail", [(True, True), (False, False), (True, False)])
+def test_a_window_clip_starts_and_ends_where_its_spec_cuts_it(head, tail):
+    parts = ["Turn on the lights in the kitchen, please.", "What time is it?", "Set a timer for ten minutes.",
+             "Call mom on her mobile phone."] * 4
+    item = {"kind": "window", "parts": parts, "voice": "espeak-ng/en-us+m3", "head": head, "tail": tail, "seed": 3}
+    audio, text = demo_data.make_mixed_clip(item)
+    assert len(audio) <= demo_data.MAX_SECONDS * demo_data.RATE
+    whole = " ".join(parts)
+    words = text.split()
+    # a head cut drops the first sentence's first words; a tail cut keeps a prefix of a sentence
+    assert (whole.startswith(text.rstrip(",;:")) if not head else
+            whole.find(" ".join(words[:6])) > 0 and len(words[0]) and not text.startswith("Turn on"))
+    assert text.endswith((".", "?")) != tail or len(text.split()) < len(whole.split())
+    again = demo_data.make_mixed_clip(item)
+    np.testing.assert_array_equal(audio, again[0])
+    assert again[1] == text
+
+
+def test_augmenting_a_clip_cut_at_both_ends_adds_no_silence_at_either():
+    speech = np.random.default_rng(0).standard_normal(8000).astype(np.float32) * 0.1
+    drawn: dict = {}
+    out = demo_data.augment(speech, np.random.default_rng(1), record=drawn, leading=False, trailing=False)
+    assert len(out) == len(speech) and drawn["lead"] == drawn["trail"] == 0.0
+    padded = demo_data.augment(speech, np.random.default_rng(1))
+    assert len(padded) > len(speech) + 0.2 * demo_data.RATE  # 0.1-0.8 s at each end otherwise
+
+
 def _batches(perturb):
     from tools import train_demo_model as tdm
 

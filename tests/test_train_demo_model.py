@@ -178,6 +178,22 @@ def test_average_params_refuses_weights_that_do_not_fit(weights):
         tdm.average_params([tree, tree], weights)
 
 
+def test_a_run_starts_from_one_checkpoint_or_the_mean_of_several(tmp_path):
+    pytest.importorskip("flax")
+    template = {"enc": {"w": np.zeros((1, 2), np.float32)}, "b": np.zeros(1, np.float32)}
+    a = {"enc": {"w": np.array([[1.0, 2.0]], np.float32)}, "b": np.array([4.0], np.float32)}
+    b = {"enc": {"w": np.array([[3.0, 6.0]], np.float32)}, "b": np.array([0.0], np.float32)}
+    np.savez(tmp_path / "a.npz", params=tdm.params_array(a), head=np.ones((2, 3), np.float32), step=1500)
+    np.savez(tmp_path / "b.npz", params=tdm.params_array(b), head=np.full((2, 3), 3.0, np.float32), step=1000)
+    one, head, step = tdm.load_start(template, [str(tmp_path / "a.npz")])
+    np.testing.assert_array_equal(one["enc"]["w"], a["enc"]["w"])
+    assert step == 1500 and head.shape == (2, 3)
+    mean, head, _ = tdm.load_start(template, [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")])
+    np.testing.assert_allclose(mean["enc"]["w"], [[2.0, 4.0]])
+    np.testing.assert_allclose(mean["b"], [2.0])
+    np.testing.assert_allclose(head, np.full((2, 3), 2.0))
+
+
 def test_average_checkpoints_packs_the_mean_of_its_checkpoints(tmp_path):
     """The tool reads two checkpoints, averages them and packs the mean exactly as the training script
     packs a params tree: the mean of A and 3A is 2A, and CQ packing of 2A is A's codes with doubled

@@ -617,15 +617,16 @@ def _one_pole(x: np.ndarray, a: float) -> np.ndarray:
 
 
 def augment(audio: np.ndarray, rng: np.random.Generator, record: dict | None = None,
-            trailing: bool = True) -> np.ndarray:
+            trailing: bool = True, leading: bool = True) -> np.ndarray:
     """Leading/trailing silence 0.1-0.8 s, noise at 5-30 dB SNR (80 % of clips), gain -18..+6 dB.
 
-    trailing=False keeps the end abrupt (a sentence prefix: what a streaming pass hears); the
-    draws are the same either way. If record is a dict, the drawn lead/trail (seconds), snr_db
-    (None when clean) and gain_db go in it.
+    trailing=False keeps the end abrupt (a sentence prefix: what a streaming pass hears), and
+    leading=False the start (a long-audio window that starts at a cut); the draws are the same
+    either way. If record is a dict, the drawn lead/trail (seconds), snr_db (None when clean) and
+    gain_db go in it.
     """
     lead, trail = rng.uniform(0.1, 0.8), rng.uniform(0.1, 0.8)
-    trail = trail if trailing else 0.0
+    lead, trail = (lead if leading else 0.0), (trail if trailing else 0.0)
     out = np.concatenate([np.zeros(int(lead * RATE), np.float32), audio, np.zeros(int(trail * RATE), np.float32)])
     snr_db = None
     if rng.random() < 0.8:
@@ -769,6 +770,84 @@ def mixed_items(n: int, seed: int = 0, prefix: float = 0.30, voices: str = "core
     return _with_channel(items, mix, seed, "mixed")
 
 
+def window_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
+    """n training clip specs shaped like the 30 s windows long audio is read in (§8), voices drawn
+    by VOICE_MIXES[voices], from their own sentence stream (test pool removed): sentences by one
+    voice until an estimated 20-29 s. Half start at a cut ("head": mid-sentence at a word start for
+    espeak-ng voices, whose word times we read; at a sentence start with no leading silence for the
+    others), and 60 % end at one ("tail": inside a word of the last sentence, the transcript the words
+    before it; after a sentence with no trailing silence for the others): what a window's edges hear
+    when a clip runs on past them."""
+    rng, reserved, mix = _rng(seed, "window"), _reserved(seed), voice_mix(voices)
+    source = _rng(seed, "window-sentences")
+    items = []
+    for i in range(n):
+        target, parts, estimate = rng.uniform(20.0, 29.0), [], 0.0
+        while estimate < target:
+            parts.append(_fresh_sentence(source, reserved))
+            estimate += 0.36 * len(parts[-1].split()) + 0.8  # ~170 wpm plus the pause
+        items.append({"kind": "window", "parts": parts, "voice": mix.pick(rng), "head": bool(rng.random() < 0.5),
+                      "tail": bool(rng.random() < 0.6), "seed": int(_rng(seed, "window", i).integers(2 ** 31))})
+    return _with_channel(items, mix, seed, "window")
+
+
+def _window_clip(item: dict, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    """make_mixed_clip for a window_items() spec."""
+    engine, _, name = item["voice"].partition("/")
+    timed = engine == "espeak-ng"
+    speed, pitch = int(rng.integers(130, 221)), int(rng.integers(30, 71))  # one espeak-ng setting per clip
+
+    def speak(part: str, with_starts: bool) -> tuple[np.ndarray, list[int] | None]:
+        """16 kHz audio of part, and its word starts (samples, -1 where unknown) if with_starts."""
+        if not timed:
+            return synthesize(part, item["voice"], rng), None
+        if with_starts:
+            audio, rate, starts = espeak_words(part, name, speed, pitch)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "out.wav")
+                subprocess.run(_espeak_cmd(part, name, speed, pitch, path), check=True, capture_output=True)
+                audio, rate = _read_wav(path)
+            starts = None
+        audio = soxr.resample(audio, rate, RATE, quality="HQ").astype(np.float32)
+        return audio, None if starts is None else [int(x * RATE / rate) if x > 0 else -1 for x in starts]
+
+    room = (MAX_SECONDS - (0.0 if item["head"] else 0.8) - (0.0 if item["tail"] else 0.8)) * RATE
+    pieces, texts, total = [], [], 0
+    last = len(item["parts"]) - 1
+    for k, part in enumerate(item["parts"]):
+        words = part.split()
+        head = k == 0 and item["head"] and timed and len(words) > 1
+        speech, starts = speak(part, head)
+        if head:  # start at a word start inside the first sentence
+            usable = [j for j in range(1, len(words)) if starts[j] > 0]
+            if usable:
+                j = usable[int(rng.integers(len(usable)))]
+                speech, words = speech[starts[j]:], words[j:]
+                starts = [x - starts[j] if x > 0 else -1 for x in starts[j:]]
+        gap = np.zeros(int(rng.uniform(0.1, 0.9) * RATE), np.float32) if texts else np.zeros(0, np.float32)
+        over = total + len(gap) + len(speech) > room
+        if item["tail"] and timed and len(words) > 1 and (over or k == last):  # the window ends inside it
+            if starts is None:
+                speech, starts = speak(part, True)
+            limit = room - total - len(gap)
+            inside = [m for m in range(1, len(words)) if 0 < starts[m] < limit]
+            if inside:
+                keep = inside[-1] if over else inside[int(rng.integers(len(inside)))]
+                nxt = next((x for x in starts[keep + 1:] if x > 0), len(speech))
+                cut = starts[keep] + int(rng.uniform(0.0, 0.4) * (min(nxt, limit) - starts[keep]))
+                pieces += [gap, speech[:cut]]
+                texts.append(_prefix_text(words[:keep]))
+                break
+        if over:
+            break
+        pieces += [gap, speech]
+        texts.append(" ".join(words))
+        total += len(gap) + len(speech)
+    audio = _channelled(np.concatenate(pieces), item["seed"], item.get("channel", False))
+    return augment(audio, rng, trailing=not item["tail"], leading=not item["head"]), " ".join(texts)
+
+
 def spliced_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
     """n extra training clip specs, voices drawn by VOICE_MIXES[voices], from their own sentence
     stream (test pool removed): "spliced", a sentence spoken one word at a time (each word
@@ -880,6 +959,8 @@ def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, 
         audio = _channelled(soxr.resample(speech[:cut], rate, RATE, quality="HQ").astype(np.float32), item["seed"],
                             item.get("channel", False))
         return augment(audio, rng, trailing=False), _prefix_text(words[:keep])
+    if item["kind"] == "window":
+        return _window_clip(item, rng)
     if item["kind"] == "spliced":
         voice_seed = int(rng.integers(2 ** 31))  # one speed and pitch for every word of the clip
         pieces, placed, at = [], [], 0

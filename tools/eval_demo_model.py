@@ -12,6 +12,13 @@ by default), so a second candidate is scored in seconds.
 of that synthesiser family (`demo_data.FAMILIES`): for a model whose training left the family out,
 its leave-one-family-out figure, the measure of voices it never heard.
 
+`--long N` also reads N 95 s streams of held-out sentences with pauses (`benchmarks/streaming.py`'s
+`build_stream`, seeds 8, 1, 2, ...; seed 8's is the clip of the test suite's long-audio seam line)
+at once, in 30 s windows (§8), and counts against each sentence read alone the words dropped, made
+up or kept twice within 0.5 s of a window cut (`harness.wer.seam_errors`), and the words dropped or
+added anywhere: one clip's seam line is a lottery (a candidate passes or fails it on one made-up
+word), N clips' seam errors are a measure.
+
 `--split validation` scores the 100 validation clips instead (held-out sentences and voices, none
 of them in the test split): pick among candidates (checkpoint-average weights, second stages) there,
 then report the chosen one on the test split, so its test figures are not tuned on the test clips.
@@ -105,7 +112,11 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=str(ROOT / "work-data" / "eval"))
     ap.add_argument("--show", type=int, default=0, help="print the first N wrong transcripts")
+    ap.add_argument("--long", type=int, default=0, metavar="N",
+                    help="also count window-seam errors over N 95 s streams (0: none)")
     args = ap.parse_args(argv)
+    if args.long < 0:
+        ap.error(f"--long is a number of 95 s streams, 0 or more; got {args.long}")
     try:
         beams = [int(b) for b in args.beams.split(",")]
     except ValueError:
@@ -131,6 +142,50 @@ def main(argv=None) -> None:
         wrong = [(r, h) for r, h in zip(refs, hyps) if normalise(r) != normalise(h)]
         for r, h in wrong[:args.show]:
             print(f"    {r!r} -> {h!r}")
+    if args.long:
+        long_seams(model, LONG_SEEDS[:args.long] + list(range(9, 9 + args.long - len(LONG_SEEDS))))
+
+
+LONG_SEEDS = [8, 1, 2, 3, 4, 5, 6, 7]  # 8 first: the test suite's 95 s clip
+LONG_S = 95
+
+
+def long_seams(model, seeds: list[int]) -> None:
+    """Print, for each seed's 95 s stream read in 30 s windows, its seam errors and its words dropped
+    or added against its sentences read alone; then the totals."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness.wer import edit_ops, normalise, seam_errors
+    from streaming import RATE, build_stream, one_shot
+    from whistle_stream import longform
+
+    seam_total = changed = words = cut_total = 0
+    t0 = time.time()
+    for seed in seeds:
+        audio, utts = build_stream(30, seed)
+        audio, utts = audio[:LONG_S * RATE], [u for u in utts if u[1] <= LONG_S]
+        windows, original = [], longform.iter_windows
+
+        def recording(*a, **k):
+            for window in original(*a, **k):
+                windows.append(window)
+                yield window
+
+        longform.iter_windows = recording
+        try:
+            out = model.transcribe(audio, word_timestamps=True)
+        finally:
+            longform.iter_windows = original
+        shot_text, shot_words = one_shot(model, utts)
+        cuts = [w.start_s + w.cut_s for w in windows[:-1]]
+        cut_total += len(cuts)
+        found = seam_errors(shot_words, out["words"], cuts, truth=[u[:3] for u in utts])
+        errors = found["dropped"] + found["doubled"] + found["across"]
+        _, d, i = edit_ops(normalise(shot_text), normalise(out["text"]))
+        seam_total, changed, words = seam_total + len(errors), changed + d + i, words + len(normalise(shot_text))
+        print(f"long seed {seed}: {len(errors)} seam errors {errors}; "
+              f"{d + i} of {len(normalise(shot_text))} words dropped or added")
+    print(f"long: {seam_total} seam errors at {cut_total} window cuts of {len(seeds)} 95 s streams; "
+          f"{changed} of {words} words ({changed / max(words, 1):.1%}) dropped or added; {time.time() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -475,6 +475,23 @@ def average_params(trees, weights=None):
                         .astype(np.asarray(leaves[0]).dtype), *trees)
 
 
+def load_start(template, paths: list[str]):
+    """(params, CTC head or None, step) a run starts from: one checkpoint's, or the equal-weight
+    mean of several checkpoints' params and heads (a weight soup; the step is the last one's).
+    template: a params tree of the run's shape, which the saved bytes are read into."""
+    from flax import serialization
+
+    trees, heads, step = [], [], 0
+    for path in paths:
+        with np.load(path, allow_pickle=False) as saved:
+            trees.append(serialization.from_bytes(template, saved["params"].tobytes()))
+            if "head" in saved:
+                heads.append(np.asarray(saved["head"]))
+            step = int(saved["step"]) if "step" in saved else 0
+    params = average_params(trees) if len(trees) > 1 else trees[0]
+    return params, (np.mean(heads, axis=0) if heads else None), step
+
+
 def params_array(params) -> np.ndarray:
     """A params tree as the uint8 array a checkpoint .npz stores under 'params' (flax msgpack)."""
     from flax import serialization
@@ -681,6 +698,12 @@ def main(argv=None) -> None:
     ap.add_argument("--scrambled", type=int, default=0,
                     help="extra training clips from demo_data.scrambled_items: 3-8 vocabulary words in no "
                          "grammatical order, so the model listens to words rather than recalling sentences")
+    ap.add_argument("--order-seed", type=int,
+                    help="seed of the batch order, speed perturbation and SpecAugment masks (default: --seed, "
+                         "which also draws the clips and the tokenizer): two fine-tunes of one start on one data")
+    ap.add_argument("--window", type=int, default=0,
+                    help="extra training clips from demo_data.window_items: 20-29 s of sentences shaped like a "
+                         "long-audio window, half starting and 60 %% ending at a cut inside a sentence")
     ap.add_argument("--voices", choices=sorted(demo_data.VOICE_MIXES), default="core",
                     help="training voice mix (tools/demo_data.py VOICE_MIXES): core (runs up to 13), wide "
                          "(espeak-ng's named variants too, flite on a fifth of the clips) or core-flite (core "
@@ -690,8 +713,9 @@ def main(argv=None) -> None:
     ap.add_argument("--tokenizer-clips", type=int, default=6000,
                     help="train the tokenizer on the first N training transcripts (a second stage with more "
                          "--clips keeps its first stage's tokenizer)")
-    ap.add_argument("--init", help="checkpoint .npz whose params and CTC head start the run (fresh optimiser "
-                                   "and schedule: a second stage)")
+    ap.add_argument("--init", nargs="+", metavar="CHECKPOINT",
+                    help="checkpoint .npz whose params and CTC head start the run (fresh optimiser and schedule: a "
+                         "second stage); several: their equal-weight mean starts it (a weight soup)")
     ap.add_argument("--init-cact", help="a packed .cact (e.g. the shipped model) whose weights, dequantised, start "
                                         "the run: a second stage when its checkpoint is gone (fresh CTC head, "
                                         "optimiser and schedule)")
@@ -772,8 +796,12 @@ def main(argv=None) -> None:
     if args.scrambled:
         manifests["scrambled"] = demo_data.write_split(
             demo_data.scrambled_items(args.scrambled, args.seed, args.voices), args.data, "scrambled" + suffix)
+    if args.window:
+        manifests["window"] = demo_data.write_split(demo_data.window_items(args.window, args.seed, args.voices),
+                                                    args.data, "window" + suffix)
     splits = {k: load_split(v) for k, v in manifests.items()}
-    mixed = splits.pop("mixed", []) + splits.pop("spliced", []) + splits.pop("scrambled", [])
+    mixed = (splits.pop("mixed", []) + splits.pop("spliced", []) + splits.pop("scrambled", [])
+             + splits.pop("window", []))
     minutes = sum(len(r["pcm"]) for r in splits["train"]) / demo_data.RATE / 60
     mixed_minutes = sum(len(r["pcm"]) for r in mixed) / demo_data.RATE / 60
     log(f"clips train {len(splits['train'])} ({minutes:.1f} min) + mixed {len(mixed)} ({mixed_minutes:.1f} min)  validation {len(splits['validation'])}"
@@ -802,10 +830,11 @@ def main(argv=None) -> None:
     params = jax.tree.map(jnp.asarray, audible_stem(jax.device_get(params), args.seed))
     start_step, head = 0, None
     if args.resume or args.init:
-        saved = np.load(args.resume or args.init, allow_pickle=False)
-        params = serialization.from_bytes(params, saved["params"].tobytes())
-        head = jnp.asarray(saved["head"]) if "head" in saved else None
-        start_step = int(saved["step"]) if args.resume else 0
+        params, head, start_step = load_start(params, [args.resume] if args.resume else args.init)
+        params, head = jax.tree.map(jnp.asarray, params), None if head is None else jnp.asarray(head)
+        start_step = start_step if args.resume else 0
+        if not args.resume and len(args.init) > 1:
+            log(f"params: the mean of {', '.join(args.init)}")
     elif args.init_cact:
         if packed_blob != blob:
             raise SystemExit(f"{args.init_cact}: its tokenizer is not the one this run trains (another --seed, "
@@ -918,11 +947,12 @@ def main(argv=None) -> None:
     if max(map(len, train_ids)) > cfg.max_tokens:
         raise SystemExit(f"a training transcript has {max(map(len, train_ids))} tokens, over {cfg.max_tokens}")
     first_stage = token_width([t for k in ids for t in ids[k]])
-    batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(args.seed),
+    order = args.seed if args.order_seed is None else args.order_seed
+    batches = Batches(splits["train"] + mixed, train_ids, np.random.default_rng(order),
                       fixed_width=None if mixed else first_stage, perturb=args.perturb,
                       with_spans=bool(args.align))
     step, recent, aligned, tick, snapshots = start_step, [], [], time.time(), []
-    spec_key = jax.random.PRNGKey(args.seed + 2)
+    spec_key = jax.random.PRNGKey(order + 2)
     log(f"training {args.steps} steps, {batches.count()} batches/epoch (compiling...)")
     while step < args.steps:
         for batch in batches.epoch():
