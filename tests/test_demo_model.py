@@ -32,11 +32,10 @@ pytestmark = pytest.mark.slow
 
 # The bundled demo model is too weak for some accuracy lines and a stricter test of
 # long audio: trained on 2-vCPU machines it reaches held-out WER 5.5% with 5 beams (see
-# docs/demo-model.md; the line is 5%), 16.1% on festival's voices (the line is 15%), and
-# misreads many words of 30 s windows of several sentences. Those tests run, print their numbers,
-# and turn into passes when the model reaches them.
-WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER 5.5% with 5 beams, 16.1% on "
-                                     "festival's voices; long windows misread)",
+# docs/demo-model.md; the line is 5%), and misreads many words of 30 s windows of several
+# sentences. Those tests run, print their numbers, and turn into passes when the model reaches them.
+WEAK_DEMO = pytest.mark.xfail(reason="the demo model is too weak (held-out WER 5.5% with 5 beams; long windows "
+                                     "misread)",
                               strict=False)
 
 
@@ -95,7 +94,6 @@ def test_engine_transcripts_equal_the_reference_decode_on_95_percent_of_clips(de
 FAMILY_CLIPS = 300  # the test sentences, spoken in turn by each voice of the family
 
 
-@WEAK_DEMO
 @pytest.mark.skipif(not shutil.which("text2wave"), reason="festival is needed (.ci/run installs it)")
 def test_a_synthesizer_family_left_out_of_training_reads_at_most_15_percent(demo):
     """Voices the model never heard. No voice mix holds festival's (test_demo_data checks
