@@ -215,6 +215,19 @@ async def run_level(url: str, http_urls: list[str], audio: np.ndarray, n: int, t
     }
 
 
+def forward_errors(lines) -> None:
+    """Read a server's JSON log lines to the end, printing those at level error (with their
+    traceback) to stderr: a session's `internal` error in the table has its cause beside it."""
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("level") in ("error", "critical"):
+            print(f"server {event.get('level')}: {event.get('event')} {event.get('session', '')}\n"
+                  f"{event.get('exc', '')}", file=sys.stderr, flush=True)
+
+
 def start_server(args, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     """Start a server on a free port: the real one (`whistle-stream serve`) or the fake; returns it
     and its ws:// URL once it is ready. root: the checkout whose code it runs (--engine)."""
@@ -250,9 +263,9 @@ def start_server(args, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
         if event.get("event") == "listening":
             port = event["port"]
         elif event.get("event") == "ready":
-            # keep draining stderr so the server never blocks on a full pipe
+            # keep draining stderr so the server never blocks on a full pipe, passing its errors on
             import threading
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            threading.Thread(target=forward_errors, args=(proc.stderr,), daemon=True).start()
             return proc, f"ws://127.0.0.1:{port}"
     proc.kill()
     raise SystemExit("the server did not become ready")
