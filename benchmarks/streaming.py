@@ -53,6 +53,26 @@ def one_shot(model, utts) -> tuple[str, list[dict]]:
     return " ".join(shot["text"] for shot in shots), words
 
 
+def in_windows(model, audio: np.ndarray) -> tuple[dict, list]:
+    """`model.transcribe(audio, word_timestamps=True)` of a clip over 30 s, and the
+    `longform.WindowCut` of each window it was read in (§8), in order."""
+    from whistle_stream import longform
+
+    windows, original = [], longform.iter_windows
+
+    def recording(*args, **kwargs):
+        for window in original(*args, **kwargs):
+            windows.append(window)
+            yield window
+
+    longform.iter_windows = recording
+    try:
+        out = model.transcribe(audio, word_timestamps=True)
+    finally:
+        longform.iter_windows = original
+    return out, windows
+
+
 def run_stream(model, audio: np.ndarray, chunk_s: float = 1.0, rss_every: int = 0, prefill: bool = True):
     """Feed audio in chunks; returns committed words, per-word commit latency, pass times, RSS samples."""
     session = StreamSession(model, prefill=prefill)

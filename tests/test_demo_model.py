@@ -412,24 +412,14 @@ class Long(NamedTuple):
 def long95(demo) -> Long:
     """A 95 s clip of held-out sentences with natural pauses (seed 8), transcribed at once (30 s
     windows, §8), its windows recorded, and each of its utterances transcribed alone."""
-    from whistle_stream import longform
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from streaming import in_windows
 
     audio, utts = _stream_of(30, seed=8)
     audio = audio[: 95 * RATE]
     utts = [u for u in utts if u[1] <= 95.0]
     assert len(audio) == 95 * RATE
-    windows, original = [], longform.iter_windows
-
-    def recording(*args, **kwargs):
-        for window in original(*args, **kwargs):
-            windows.append(window)
-            yield window
-
-    longform.iter_windows = recording
-    try:
-        out = demo.transcribe(audio, word_timestamps=True)
-    finally:
-        longform.iter_windows = original
+    out, windows = in_windows(demo, audio)
     shot_text, shot_words = _one_shot(demo, utts)
     return Long(out, [u[:3] for u in utts], windows, shot_words, shot_text)
 

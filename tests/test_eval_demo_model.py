@@ -4,6 +4,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import demo_data, eval_demo_model  # noqa: E402
@@ -71,3 +72,9 @@ def test_a_family_split_is_the_test_sentences_spoken_by_every_voice_of_the_famil
     assert spoken == list(demo_data.FAMILIES["festival"]) * 2      # each voice in turn
     assert eval_demo_model.voice_group("festival/ked_diphone") == "ked_diphone"
     assert "festival-clips-seed0.npz" in os.listdir(tmp_path)
+
+
+def test_a_negative_long_count_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        eval_demo_model.main(["model.cact", "--long", "-1"])
+    assert "--long is a number of 95 s streams, 0 or more; got -1" in capsys.readouterr().err

@@ -574,6 +574,14 @@ print(json.dumps({"rate": rate, "starts": starts}))
 """
 
 
+def _espeak_wav(text: str, name: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
+    """(float32 audio, rate) of the `espeak-ng -w` output for text."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "out.wav")
+        subprocess.run(_espeak_cmd(text, name, speed, pitch, path), check=True, capture_output=True)
+        return _read_wav(path)
+
+
 def espeak_words(text: str, name: str, speed: int, pitch: int) -> tuple[np.ndarray, int, list[int]]:
     """(float32 audio at espeak's rate, that rate, start sample of each whitespace-separated word).
 
@@ -582,10 +590,7 @@ def espeak_words(text: str, name: str, speed: int, pitch: int) -> tuple[np.ndarr
     found = subprocess.run([sys.executable, "-c", _WORD_STARTS, text, name, str(speed), str(pitch)],
                            check=True, capture_output=True, text=True)
     info = json.loads(found.stdout)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "out.wav")
-        subprocess.run(_espeak_cmd(text, name, speed, pitch, path), check=True, capture_output=True)
-        audio, rate = _read_wav(path)
+    audio, rate = _espeak_wav(text, name, speed, pitch)
     if rate != info["rate"]:
         raise RuntimeError(f"espeak-ng library rate {info['rate']} != command line rate {rate}")
     return audio, rate, info["starts"]
@@ -804,11 +809,7 @@ def _window_clip(item: dict, rng: np.random.Generator) -> tuple[np.ndarray, str]
         if with_starts:
             audio, rate, starts = espeak_words(part, name, speed, pitch)
         else:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = os.path.join(tmp, "out.wav")
-                subprocess.run(_espeak_cmd(part, name, speed, pitch, path), check=True, capture_output=True)
-                audio, rate = _read_wav(path)
-            starts = None
+            (audio, rate), starts = _espeak_wav(part, name, speed, pitch), None
         audio = soxr.resample(audio, rate, RATE, quality="HQ").astype(np.float32)
         return audio, None if starts is None else [int(x * RATE / rate) if x > 0 else -1 for x in starts]
 

@@ -155,26 +155,14 @@ def long_seams(model, seeds: list[int]) -> None:
     or added against its sentences read alone; then the totals."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from harness.wer import edit_ops, normalise, seam_errors
-    from streaming import RATE, build_stream, one_shot
-    from whistle_stream import longform
+    from streaming import RATE, build_stream, in_windows, one_shot
 
     seam_total = changed = words = cut_total = 0
     t0 = time.time()
     for seed in seeds:
         audio, utts = build_stream(30, seed)
         audio, utts = audio[:LONG_S * RATE], [u for u in utts if u[1] <= LONG_S]
-        windows, original = [], longform.iter_windows
-
-        def recording(*a, **k):
-            for window in original(*a, **k):
-                windows.append(window)
-                yield window
-
-        longform.iter_windows = recording
-        try:
-            out = model.transcribe(audio, word_timestamps=True)
-        finally:
-            longform.iter_windows = original
+        out, windows = in_windows(model, audio)
         shot_text, shot_words = one_shot(model, utts)
         cuts = [w.start_s + w.cut_s for w in windows[:-1]]
         cut_total += len(cuts)
