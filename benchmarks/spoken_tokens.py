@@ -59,41 +59,83 @@ def script_for(tokenizer, vocab: int, length: int = 4096, seed: int = 0) -> np.n
     return np.array(out[:length], np.int64)
 
 
+# A scripted pass reads its last EDGE_TOKENS from a second script: a real model's guess at the
+# word the audio stops inside, which the next pass (hearing more) reads otherwise. So consecutive
+# passes agree on all but their edge, and a pass that checks the reading before it
+# (`search.greedy_draft`) finds it wrong there, as it would on real speech.
+EDGE_TOKENS = 2
+
+
 def install(tokens_per_second: float, scripted: bool = False) -> None:
     """Patch the engine (this process only) so each pass decodes its audio's share of tokens.
     scripted: each pass reads the same fixed word sequence (`script_for`) from the utterance's start
-    and ends at its target, so consecutive passes agree as a real model's do on real speech: words
-    commit, and the prefill of committed words runs as it would."""
+    and ends at its target, its last EDGE_TOKENS read otherwise, so consecutive passes agree as a
+    real model's do on real speech: words commit, and the prefill of committed words runs as it
+    would. Greedy passes that check a draft (`search.greedy_draft`, where the engine has it) are
+    held to the same tokens."""
     decode, beam_search, find_loop = engine_model.Whistle._decode, engine_model.beam_search, search.find_loop
+    greedy_draft = getattr(engine_model, "greedy_draft", None)
 
     def _decode(self, pcm, *args, **kwargs):
         _pass.need = math.ceil(tokens_per_second * len(pcm) / RATE)
         if scripted and getattr(self, "_script", None) is None:
             self._script = script_for(self.tokenizer, self.dims.vocab)
-        _pass.script = self._script if scripted else None
+            self._edge = script_for(self.tokenizer, self.dims.vocab, seed=1)
+        _pass.script = (self._script, self._edge) if scripted else None
         try:
             return decode(self, pcm, *args, **kwargs)
         finally:
             _pass.need = 0
 
-    def forced_search(first_logits, advance, *, eos, prompt_len=2, **kwargs):
+    def holder(eos, prompt_len):
+        """held(logits, i): the logits of the i-th generated position (0: the first) as the pass's
+        target and script have them."""
         # the pass's target less the committed words fed before the search (the prefill)
-        need, step = getattr(_pass, "need", 0) - (prompt_len - 2), [0]
+        fed = prompt_len - 2
+        need = getattr(_pass, "need", 0) - fed
         script = getattr(_pass, "script", None)
 
-        def held(logits):
+        def held(logits, i):
             logits = np.array(logits, dtype=np.float32, copy=True)
-            if step[0] < need:
+            if i < need:
                 logits[..., eos] = -np.inf
                 if script is not None:   # the text position counts the prefilled tokens too
-                    logits[..., script[(prompt_len - 2 + step[0]) % len(script)]] += SCRIPT_BONUS
+                    main, edge = script
+                    source = main if i < need - EDGE_TOKENS else edge
+                    logits[..., source[(fed + i) % len(source)]] += SCRIPT_BONUS
             elif script is not None:
                 logits[..., eos] += SCRIPT_BONUS
-            step[0] += 1
             return logits
 
-        return beam_search(held(first_logits), lambda parents, tokens: held(advance(parents, tokens)),
-                           eos=eos, prompt_len=prompt_len, **kwargs)
+        return held
+
+    def forced_search(first_logits, advance, *, eos, prompt_len=2, **kwargs):
+        held, step = holder(eos, prompt_len), [0]
+
+        def advanced(parents, tokens):
+            step[0] += 1
+            return held(advance(parents, tokens), step[0])
+
+        return beam_search(held(first_logits, 0), advanced, eos=eos, prompt_len=prompt_len, **kwargs)
+
+    def forced_greedy_draft(first_logits, advance, follow, back, draft, *, eos, prompt_len=2, **kwargs):
+        held, fed = holder(eos, prompt_len), [0]   # fed: generated tokens the decoder holds
+
+        def followed(guess):
+            rows = follow(guess)
+            fed[0] = len(guess)
+            return np.stack([held(rows[j], j + 1) for j in range(len(rows))])
+
+        def backed(kept):
+            back(kept)
+            fed[0] = kept
+
+        def advanced(parents, tokens):
+            fed[0] += 1
+            return held(advance(parents, tokens), fed[0])
+
+        return greedy_draft(held(first_logits, 0), advanced, followed, backed, draft, eos=eos,
+                            prompt_len=prompt_len, **kwargs)
 
     def loop_after_target(tokens, *args, **kwargs):
         return 0 if len(tokens) < getattr(_pass, "need", 0) else find_loop(tokens, *args, **kwargs)
@@ -101,6 +143,8 @@ def install(tokens_per_second: float, scripted: bool = False) -> None:
     if tokens_per_second > 0:
         engine_model.Whistle._decode = _decode
         engine_model.beam_search = forced_search
+        if greedy_draft is not None:
+            engine_model.greedy_draft = forced_greedy_draft
         search.find_loop = loop_after_target
 
 

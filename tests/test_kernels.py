@@ -138,7 +138,7 @@ def test_gemm_rows_gives_a_row_the_same_bits_whatever_rows_come_with_it():
         np.testing.assert_array_equal(alone[0], together[r])
 
 
-@pytest.mark.parametrize("rows, k", [(10, 64), (10, 60), (7, 64)])  # K of lanes: simd._dot5 (rows padded to fives)
+@pytest.mark.parametrize("rows, k", [(10, 64), (10, 60), (7, 64), (3, 64)])  # K of lanes: simd._dot5 and _dot1
 def test_gemm_rows_matches_matmul_on_its_five_row_and_plain_paths(rows, k):
     w, x = rand(9, k), rand(rows, 2 * k)[:, ::2]  # x: every other column, not contiguous
     out = np.empty((rows, 9), np.float32)

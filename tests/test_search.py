@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from whistle_stream.search import SearchResult, beam_search, cut_loop, find_loop
+from whistle_stream.search import SearchResult, beam_search, cut_loop, find_loop, greedy_draft
 
 TEXT = 12  # text ids 0..11
 TAGS = 3  # language tags 12..14
@@ -158,6 +158,82 @@ def test_one_beam_equals_plain_greedy_argmax(seed):
     lm = random_lm(seed)
     got, _ = run(lm, beams=1)
     assert got.tokens == naive_greedy(lm, first_tag=TEXT, eos=EOS, cap=40 - 3)
+
+
+class DraftDecoder(ScriptedDecoder):
+    """ScriptedDecoder with greedy_draft's two extra calls: follow feeds a guess in one run and
+    returns each position's logits; back(k) keeps the first k tokens of the guess fed."""
+
+    def __init__(self, logits_of):
+        super().__init__(logits_of)
+        self.followed: list[list[int]] = []
+        self.backs: list[int] = []
+        self.guess: tuple[int, ...] = ()
+
+    def follow(self, guess: np.ndarray) -> np.ndarray:
+        assert guess.dtype == np.int64 and len(self.rows) == 1
+        self.followed.append(guess.tolist())
+        self.guess = tuple(int(t) for t in guess)
+        base = self.rows[0]
+        self.rows = [base + self.guess]
+        return np.stack([self.logits_of(base + self.guess[:j + 1]) for j in range(len(guess))]).astype(np.float32)
+
+    def back(self, kept: int) -> None:
+        self.backs.append(kept)
+        self.rows = [self.guess[:kept]]
+
+
+def drafted(logits_of, draft, max_len=40):
+    dec = DraftDecoder(logits_of)
+    return greedy_draft(dec.first(), dec.advance, dec.follow, dec.back, draft, first_tag=TEXT, eos=EOS,
+                        max_len=max_len), dec
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_greedy_with_a_draft_returns_what_greedy_returns_whatever_the_draft(seed):
+    lm = random_lm(seed, eos_ramp=0.15)
+    want, _ = run(lm, beams=1)
+    truth = want.tokens
+    rng = np.random.default_rng(seed)
+    wrong_mid = list(truth)
+    if truth:
+        k = len(truth) // 2
+        wrong_mid[k] = (truth[k] + 1) % TEXT if (truth[k] + 1) % TEXT != EOS else (truth[k] + 3) % TEXT
+    drafts = [truth, truth[:-1], truth[: len(truth) // 2], wrong_mid, truth + [3, 4, 5], [],
+              [int(t) for t in rng.choice([t for t in range(TEXT) if t != EOS], 30)]]
+    for draft in drafts:
+        got, dec = drafted(lm, draft)
+        assert (got.tokens, got.score, got.finished_by, got.token_logprobs) == \
+            (want.tokens, want.score, want.finished_by, want.token_logprobs), draft
+    # a right draft is read in one run: the search steps only past it (here: to read </s>)
+    got, dec = drafted(lm, truth)
+    if truth:
+        assert dec.followed == [truth] and dec.backs == [] and dec.calls == []
+    # a draft wrong from its middle on keeps the agreed part and steps from there
+    if len(truth) >= 2:
+        got, dec = drafted(lm, wrong_mid)
+        assert dec.backs == [len(truth) // 2]
+        assert [int(c[1][0]) for c in dec.calls] == truth[len(truth) // 2:]
+
+
+def test_greedy_with_a_draft_loops_and_caps_as_greedy_does():
+    table = np.random.default_rng(3).normal(0, 3, (TEXT, VOCAB)).astype(np.float32)
+    table[:, EOS] -= 8.0
+
+    def lm(prefix):
+        return table[prefix[-1] if prefix else 0].copy()
+
+    for max_len in (12, 60):
+        want, _ = run(lm, beams=1, max_len=max_len)
+        for draft in (want.tokens, want.tokens * 3, [1] * 80):
+            got, _ = drafted(lm, draft, max_len=max_len)
+            assert (got.tokens, got.finished_by) == (want.tokens, want.finished_by)
+
+
+def test_a_draft_holding_eos_or_a_language_tag_is_refused_by_name():
+    for bad in ([1, EOS, 3], [1, TEXT + 1]):
+        with pytest.raises(ValueError, match="draft holds text ids"):
+            drafted(random_lm(0), bad)
 
 
 def test_greedy_never_picks_a_language_tag_even_when_it_is_the_largest_logit():

@@ -37,7 +37,8 @@ class FakeModel:
     def parse_keywords(self, keywords):
         return [] if not keywords else list(keywords)
 
-    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False, prefix=""):
+    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False, prefix="",
+                         draft=()):
         self.passes.append(len(audio) / RATE)
         self.prefixes.append(prefix)
         if not np.any(audio):
@@ -407,8 +408,9 @@ class WaveringTail(FakeModel):
         super().__init__()
         self.closed_passes = 0
 
-    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False, prefix=""):
-        result = super().transcribe_words(audio, language, keywords, beams, open_end, prefix)
+    def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False, prefix="",
+                         draft=()):
+        result = super().transcribe_words(audio, language, keywords, beams, open_end, prefix, draft)
         if not open_end and result["words"]:
             self.closed_passes += 1
             last = {**result["words"][-1], "word": "first" if self.closed_passes == 1 else "second"}

@@ -251,3 +251,23 @@ def test_threads_sharing_one_model_get_the_same_results_as_one_at_a_time(tiny, c
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda n: tiny.decode(clips[n]), names))
     assert together == alone
+
+
+@pytest.mark.parametrize("name", ["tiny", "full"])
+def test_a_greedy_pass_given_a_draft_reads_what_it_reads_without_one(name, tiny, full_model, clips):
+    """A stream's greedy pass checks the pass before's reading in one teacher-forced run
+    (`search.greedy_draft`): the tokens, text and word times are those of the search without it,
+    for a right draft, one right only in part (the reading of the clip's first part, as a stream's
+    pass before reads), one wrong from its first token and one longer than the transcript."""
+    model = tiny if name == "tiny" else Whistle(full_model.path)
+    for clip in ("espeak_5s", "flite_12s"):
+        pcm = clips[clip]
+        for open_end in (True, False):
+            want = model.transcribe_words(pcm, language="en", beams=1, open_end=open_end)
+            earlier = model.transcribe_words(pcm[: len(pcm) * 3 // 5], language="en", beams=1, open_end=True)
+            tokens = want["tokens"]
+            drafts = [tokens, earlier["tokens"], [(tokens[0] + 7) % 100 + 4] + tokens[1:] if tokens else [5],
+                      tokens + [5, 6, 7]]
+            for draft in drafts:
+                got = model.transcribe_words(pcm, language="en", beams=1, open_end=open_end, draft=draft)
+                assert got == want, (clip, draft)

@@ -153,21 +153,17 @@ class _LevelsLinear:
         """(rows, in_pad) rotated activation -> (rows, out). With kernels.GEMM_THREADS > 1 a large
         matrix is split by output columns over the shared pool (the kernels release the GIL).
 
-        The kernels take rows five at a time; rows are padded with zeros to a multiple of five so
+        The kernels take rows five at a time (fewer one at a time) with the same sums per row, so
         that every row goes through the same arithmetic whatever the batch (a row's logits are
         bit-identical decoded alone, in a beam batch or teacher-forced)."""
         rows = xr.shape[0]
-        if rows % 5:
-            padded = np.zeros((rows + (-rows) % 5, xr.shape[1]), np.float32)
-            padded[:rows] = xr
-            xr = padded
-        out = np.empty((xr.shape[0], self.shape[0]), np.float32)
+        out = np.empty((rows, self.shape[0]), np.float32)
         n_out = self.shape[0]
         if K.GEMM_THREADS > 1 and n_out * self.k_pad >= K.SPLIT_WEIGHTS:
             B.run_split(lambda a, b: self._part(xr, a, b, out), n_out)
         else:
             self._part(xr, 0, n_out, out)
-        return out[:rows]
+        return out
 
     def _part(self, xr: np.ndarray, a: int, b: int, out: np.ndarray) -> None:
         if self.bits:

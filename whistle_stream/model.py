@@ -23,7 +23,7 @@ from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
 from .models import resolve_model
 from .rules import WINDOW_S
-from .search import _text_logprobs, beam_search
+from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import sound_span
 
 # A prefix is fed only while this many positions stay after it (the prompt, some text, </s>).
@@ -118,13 +118,16 @@ class Whistle:
         return biaser
 
     def _decode(self, pcm: np.ndarray, language: str | None, biaser, beams: int, words: bool,
-                open_end: bool = False, prefix: Sequence[int] = ()) -> dict:
+                open_end: bool = False, prefix: Sequence[int] = (), draft: Sequence[int] = ()) -> dict:
         """One window (<= 30 s) of speech: encoder, prompt, search, optionally word times.
         open_end: the audio stops mid-speech (a streaming pass before a pause, a long-audio window
         before the last), so no row after the words takes audio from the last word.
         prefix: text tokens the window is known to begin with (a stream's committed words): fed in
         one teacher-forced run after the prompt, and the search starts after them; the result's
-        tokens and words include them. Needs a language (it is never detected after a prefix)."""
+        tokens and words include them. Needs a language (it is never detected after a prefix).
+        draft: a guess of the text tokens after the prefix (a stream's reading of the pass
+        before): a greedy search (beams 1, no keywords) checks it in one teacher-forced run
+        (`search.greedy_draft`); the result is the same without it."""
         t0 = time.perf_counter()
         d = self.dims
         enc = self._encode(pcm)
@@ -139,8 +142,11 @@ class Whistle:
         prefix = list(prefix) if len(prefix) + PREFIX_ROOM <= d.max_tokens else []
         logits = self.decoder.feed(state, [tag] + prefix)[0, -1]
         ttft = time.perf_counter() - t0
-        result = beam_search(logits, self.decoder.advance_fn(state), first_tag=d.first_tag, eos=d.eos,
-                             max_len=d.max_tokens, beams=beams, biaser=biaser, prompt_len=2 + len(prefix))
+        if len(draft) and beams == 1 and biaser is None:
+            result, state = self._greedy_draft(state, logits, [d.bos, tag] + prefix, draft)
+        else:
+            result = beam_search(logits, self.decoder.advance_fn(state), first_tag=d.first_tag, eos=d.eos,
+                                 max_len=d.max_tokens, beams=beams, biaser=biaser, prompt_len=2 + len(prefix))
         decode_s = time.perf_counter() - t0 - ttft
         tokens = prefix + list(result.tokens)
         out = {"tokens": tokens, "text": self.tokenizer.decode(tokens).strip(),
@@ -151,6 +157,24 @@ class Whistle:
             weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + tokens, same_as=state)
             out["words"] = self._word_times(pcm, len(enc), weights, tokens, probs, open_end)
         return out
+
+    def _greedy_draft(self, state, first_logits: np.ndarray, prompt: list, draft: Sequence[int]):
+        """`search.greedy_draft` on a decoder `state` that has read `prompt`: (result, the state
+        the search ended on, whose cross-attention K/V the word times reuse)."""
+        d = self.dims
+        holder = [state]
+
+        def follow(guess: np.ndarray) -> np.ndarray:
+            return self.decoder.feed(holder[0], guess)[0]
+
+        def back(kept: int) -> None:
+            holder[0] = self.decoder.restart(holder[0], beams=1)
+            self.decoder.feed(holder[0], list(prompt) + [int(t) for t in draft[:kept]])
+
+        result = greedy_draft(first_logits, lambda parents, tokens: self.decoder.step(holder[0], parents, tokens),
+                              follow, back, draft, first_tag=d.first_tag, eos=d.eos, max_len=d.max_tokens,
+                              prompt_len=len(prompt))
+        return result, holder[0]
 
     def _detect_language(self, first_logits: np.ndarray) -> str:
         """§6: the language whose tag is likeliest after <s> (first_logits: the row after <s>)."""
@@ -303,19 +327,24 @@ class Whistle:
                        stats["decode_s"], stats["tokens"], words if word_timestamps else None)
 
     def transcribe_words(self, audio, language: str | None = None, keywords=None, beams: int | None = None,
-                         open_end: bool = False, prefix: str = "") -> dict:
-        """One streaming pass (<= 30 s): {"speech", "language", "text", "words"} with word times;
-        open_end: the audio stops mid-speech (no pause after it yet); prefix: words the audio is
-        known to begin with (a stream's committed words, with a language): read in one teacher-
-        forced run instead of searched for again, and returned at the head of the words."""
+                         open_end: bool = False, prefix: str = "", draft: Sequence[int] = ()) -> dict:
+        """One streaming pass (<= 30 s): {"speech", "language", "text", "words", "tokens"} with word
+        times; open_end: the audio stops mid-speech (no pause after it yet); prefix: words the audio
+        is known to begin with (a stream's committed words, with a language): read in one teacher-
+        forced run instead of searched for again, and returned at the head of the words. draft: the
+        `tokens` of a reading of the same audio's start (the pass before): a greedy pass (beams=1,
+        no keywords) checks them first instead of stepping through them (the text is the same)."""
         pcm = self.load_audio(audio)
         if not self.is_speech(pcm):
-            return {"speech": False, "language": language or "", "text": "", "words": []}
+            return {"speech": False, "language": language or "", "text": "", "words": [], "tokens": []}
         language = self.check_language(language)
         tokens = self.tokenizer.encode(prefix) if prefix and language else []
-        r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], language,
-                         self._biaser(keywords), _check_beams(beams or 5), True, open_end=open_end, prefix=tokens)
-        return {"speech": True, "language": r["language"], "text": r["text"], "words": r["words"]}
+        guess = [int(t) for t in draft]
+        guess = guess[len(tokens):] if guess[:len(tokens)] == tokens else []
+        r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], language, self._biaser(keywords),
+                         _check_beams(beams or 5), True, open_end=open_end, prefix=tokens, draft=guess)
+        return {"speech": True, "language": r["language"], "text": r["text"], "words": r["words"],
+                "tokens": [int(t) for t in r["tokens"]]}
 
     # ---- streaming -------------------------------------------------------------------------
     def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0):

@@ -229,11 +229,52 @@ def beam_search(
     return SearchResult(tokens=list(tokens), score=float(score), finished_by=how, token_logprobs=list(lps))
 
 
-def _greedy(logits: np.ndarray, advance, first_tag: int, eos: int, cap: int, vocab: int) -> SearchResult:
-    """Argmax over the text ids until </s>, a loop or the cap (§6: "greedy gives a correct model")."""
+def greedy_draft(
+    first_logits: np.ndarray,
+    advance: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    follow: Callable[[np.ndarray], np.ndarray],
+    back: Callable[[int], None],
+    draft: Sequence[int],
+    *,
+    first_tag: int,
+    eos: int,
+    max_len: int,
+    prompt_len: int = 2,
+) -> SearchResult:
+    """Greedy decoding (`beam_search` with beams=1 and no biaser: the same result, token for token)
+    that checks a guess of the transcript first: a streaming pass's guess is the pass before's
+    reading, which it mostly repeats.
+
+    follow(draft) feeds the guess after the prompt in one teacher-forced run and returns its rows'
+    logits (len(draft), vocab): row j is what greedy would read after draft[:j + 1], since a row's
+    logits do not depend on how the decoder was fed. Greedy keeps the guess while its argmax agrees;
+    at the first token that differs, back(k) makes the decoder hold the prompt and draft[:k] only
+    (the k agreed tokens), and the search steps on with advance as `_greedy` does. The guess costs
+    one teacher-forced run instead of a step per token (about a fifth of a 5-beam step each on
+    the full architecture), plus a second run of the agreed part when it is wrong before its end.
+    """
+    first = np.asarray(first_logits)
+    vocab = first.shape[0]
+    cap = max_len - 1 - prompt_len
+    if cap < 1:
+        raise ValueError(f"max_len={max_len} leaves no room for text after a prompt of {prompt_len}")
+    guess = np.asarray(draft, dtype=np.int64).reshape(-1)[: max(cap - 1, 0)]
+    if guess.size and (guess.min() < 0 or guess.max() >= first_tag or np.any(guess == eos)):
+        raise ValueError(f"a draft holds text ids in [0, {first_tag}) other than </s>, got {guess.tolist()}")
+    logits = _check_logits(first[None, :], 1, vocab, "first_logits")
+    return _greedy(logits, advance, first_tag, eos, cap, vocab, guess, follow, back)
+
+
+def _greedy(logits: np.ndarray, advance, first_tag: int, eos: int, cap: int, vocab: int,
+            draft: np.ndarray | None = None, follow=None, back=None) -> SearchResult:
+    """Argmax over the text ids until </s>, a loop or the cap (§6: "greedy gives a correct model");
+    with a draft, as `greedy_draft` describes."""
     tokens: list[int] = []
     lps: list[float] = []
     total = 0.0
+    rows = None
+    if draft is not None and len(draft):
+        rows = _check_logits(follow(draft), len(draft), vocab, "follow(...) result")
     while True:
         text, top, log_mass = _text_logprobs(logits, first_tag)
         tok = int(np.argmax(text[0]))
@@ -248,5 +289,13 @@ def _greedy(logits: np.ndarray, advance, first_tag: int, eos: int, cap: int, voc
             return SearchResult(kept, total / len(tokens), "loop", lps[: len(kept)])
         if len(tokens) >= cap:
             return SearchResult(tokens, total / len(tokens), "cap", lps)
+        k = len(tokens) - 1  # tok's place in the transcript
+        if rows is not None:
+            if k < len(draft) and tok == draft[k]:
+                logits = rows[k:k + 1]  # the decoder has read it already
+                continue
+            if k < len(draft):
+                back(k)  # the guess is wrong from here: keep its first k tokens only
+            rows = None
         logits = _check_logits(advance(np.zeros(1, dtype=np.int64), np.array([tok], dtype=np.int64)),
                                1, vocab, "advance(...) result")

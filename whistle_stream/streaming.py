@@ -53,6 +53,11 @@ PREFIX_SLACK_S = 0.1
 # then search only its tail. Below it the search is short anyway, and the demo model's streams
 # read worse with a prefix (docs/streaming.md has the measurement).
 PREFILL_MIN_WORDS = 12
+# Beams of a pass that ends mid-speech (its words are pending; most of a stream's passes): greedy,
+# checking the pass before's reading in one teacher-forced run (`search.greedy_draft`). A pass that
+# ends an utterance, whose reading commits its words, searches with the stream's beams (§6: five).
+# docs/streaming.md has what it changes.
+INTERIM_BEAMS = 1
 
 
 class StreamSession:
@@ -66,7 +71,7 @@ class StreamSession:
     def __init__(self, model: "Whistle", language: str | None = None, keywords=None, step_s: float = 1.0,
                  beams: int | None = None, on_pass: Callable[[dict], None] | None = None,
                  on_trim: Callable[[float], None] | None = None, stable_at_pause: bool = True,
-                 prefill: bool = True):
+                 prefill: bool = True, interim_beams: int | None = INTERIM_BEAMS):
         if not (MIN_STEP_S <= float(step_s) <= MAX_STEP_S):
             raise ValueError(f"step_s must be between {MIN_STEP_S:g} and {MAX_STEP_S:g} seconds, "
                              f"got {step_s!r}")
@@ -78,6 +83,8 @@ class StreamSession:
         # Once an utterance has PREFILL_MIN_WORDS committed words, a pass reads them in one
         # teacher-forced run (they are final) and searches only beyond them.
         self.prefill = prefill
+        # Beams of the passes that end mid-speech (None: the stream's beams, as every pass).
+        self.interim_beams = interim_beams
         self.model = model
         self.rate = model.dims.rate
         self.step = int(round(float(step_s) * self.rate))
@@ -100,6 +107,7 @@ class StreamSession:
         self.passes = 0
         self.pass_seconds_total = 0.0
         self._committed_words = 0  # words committed so far: later text pieces open with a space
+        self._reading: tuple[int, list[int]] = (-1, [])  # the last pass's buffer start and tokens
 
     # ---- checkpoints -----------------------------------------------------------------------
     def checkpoint(self) -> dict:
@@ -284,9 +292,14 @@ class StreamSession:
             result = {"speech": False, "language": "", "words": []}
             gap = None
         else:
+            interim = gap is None and not closing
+            beams = self.interim_beams if interim and self.interim_beams is not None else self.beams
+            start, tokens = self._reading
             result = self.model.transcribe_words(
-                heard[first:last], language=self.language or None, keywords=self.keywords, beams=self.beams,
-                open_end=gap is None, prefix=self._prefix(offset))
+                heard[first:last], language=self.language or None, keywords=self.keywords, beams=beams,
+                open_end=gap is None, prefix=self._prefix(offset),
+                draft=tokens if start == self._buffer_start else ())
+            self._reading = (self._buffer_start, result.get("tokens", []))
         self.passes += 1
         words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"])
                  for w in result["words"]]

@@ -25,7 +25,7 @@ from ._cache import drop_stale
 _target.configure()                 # the CPU the kernels compile for: before any compiles or loads
 drop_stale(Path(__file__).parent)   # before any kernel of the package loads from the cache
 
-from .simd import LANES, _dot5, _fwht_groups, _levels_row  # noqa: E402
+from .simd import LANES, _dot1, _dot5, _fwht_groups, _levels_row  # noqa: E402
 
 # Reassociation lets LLVM vectorise the dot-product reductions (AVX2, 8 lanes); it changes
 # only the order of a float sum. Kernels that must round exactly like the reference
@@ -160,8 +160,17 @@ def _exp_neg(x, out, bits, n):
 @_jit(GEMM_FASTMATH)
 def _dot5_rows(x, codes, norms, levels, group, out):
     """out[r, n] = `simd._dot5`(codes[n], x, r, norms[n], levels, group, 0) for every five rows r of
-    x (R a multiple of five) and every row n of codes (N, K), one code per weight; norms (N, K // group)."""
-    for r in range(0, x.shape[0], 5):
+    x and every row n of codes (N, K), one code per weight; norms (N, K // group). Past a multiple
+    of five the last five rows are read again (the same sums); under five rows go one at a time
+    (`simd._dot1`: the same sums too)."""
+    rows = x.shape[0]
+    if rows < 5:
+        for r in range(rows):
+            for n in range(codes.shape[0]):
+                out[r, n] = _dot1(codes[n], x, r, norms[n], levels, group, 0)[0]
+        return
+    for step in range(0, rows, 5):
+        r = min(step, rows - 5)
         for n in range(codes.shape[0]):
             out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = _dot5(
                 codes[n], x, r, norms[n], levels, group, 0)
@@ -171,7 +180,17 @@ def _dot5_rows(x, codes, norms, levels, group, out):
 def _packed5_rows(x, packed, norms, levels, bits, group, out):
     """`_dot5_rows` for level indices of `bits` bits (2 or 4) in `simd.interleave`'s layout: packed
     (N, >= K * bits / 8) uint8, levels (2**bits,) float32, group a multiple of LANES * 8 // bits."""
-    for r in range(0, x.shape[0], 5):
+    rows = x.shape[0]
+    if rows < 5:
+        for r in range(rows):
+            for n in range(packed.shape[0]):
+                if bits == 2:
+                    out[r, n] = _dot1(packed[n], x, r, norms[n], levels, group, 2)[0]
+                else:
+                    out[r, n] = _dot1(packed[n], x, r, norms[n], levels, group, 4)[0]
+        return
+    for step in range(0, rows, 5):
+        r = min(step, rows - 5)  # past a multiple of five the last five again: the same sums
         for n in range(packed.shape[0]):
             if bits == 2:
                 s = _dot5(packed[n], x, r, norms[n], levels, group, 2)
@@ -208,7 +227,7 @@ def _packed_levels(packed, norms, levels, bits, group, out):
 @_jit(GEMM_FASTMATH)
 def _gemm_rows(x, w, out):
     """out[r, n] = x[r] . w[n] for x (R, K), w (N, K) [out, in]: five rows at a time through
-    `simd._dot5` when K is a multiple of its lanes (rows padded with zeros to a multiple of five),
+    `simd._dot5` when K is a multiple of its lanes (the rows past a multiple of five one at a time),
     else one accumulator per row. Through `_dot5` a row's sums run in the same order whatever rows
     come with it: compiled into a caller, the plain loop's reductions were vectorised differently
     for the rows of an unrolled body and those of its remainder (the mHC maps of a one-token step
@@ -216,14 +235,7 @@ def _gemm_rows(x, w, out):
     rows, k_dim = x.shape
     if k_dim % LANES == 0 and k_dim > 0 and w.strides[1] == 4:
         ones = np.ones((w.shape[0], 1), np.float32)  # one group of K per row, norm 1
-        if rows % 5 == 0 and x.strides[1] == 4:
-            _dot5_rows(x, w, ones, ones[0], k_dim, out)
-            return
-        padded = np.zeros((rows + (-rows) % 5, k_dim), np.float32)
-        padded[:rows] = x
-        full = np.empty((padded.shape[0], w.shape[0]), np.float32)
-        _dot5_rows(padded, w, ones, ones[0], k_dim, full)
-        out[:, :] = full[:rows]
+        _dot5_rows(np.ascontiguousarray(x), w, ones, ones[0], k_dim, out)
         return
     for n in range(w.shape[0]):
         wn = w[n]

@@ -255,15 +255,13 @@ def _levels_rows(xr, levels, gscale, group, out):
     """A few rows times int16 level codes in the rotated domain (decoder beams, the CQ4 head).
 
     out[r, n] = sum_g gscale[n, g] * (levels[n, g] . xr[r, g]); xr (R, K_pad) rotated activations,
-    levels (N, K_pad) int16, gscale (N, K_pad // group) float32. Rows go five at a time (R must be
-    a multiple of five: _LevelsLinear.rotated pads them): each level is widened to float32 in a
-    register and used for five multiply-adds (`simd._dot5`; a plain loop when group is not a
-    multiple of its lanes).
+    levels (N, K_pad) int16, gscale (N, K_pad // group) float32. Rows go five at a time (under
+    five one at a time, past a multiple of five the last five again: the same sums): each level is
+    widened to float32 in a register and used for five multiply-adds (`simd._dot5`; a plain loop when group is not a
+    multiple of its lanes, which reads a last row again to fill its five).
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
-    if rows % 5:
-        raise ValueError("rows must be a multiple of five (pad with zero rows)")
     if group % LANES == 0:
         _dot5_rows(xr, levels, gscale, gscale[0], group, out)  # (the levels argument is unused for int16)
         return
@@ -274,8 +272,9 @@ def _levels_rows(xr, levels, gscale, group, out):
             for g in range(groups):
                 base = g * group
                 c = ln[base:base + group]
-                x0, x1, x2 = xr[r, base:base + group], xr[r + 1, base:base + group], xr[r + 2, base:base + group]
-                x3, x4 = xr[r + 3, base:base + group], xr[r + 4, base:base + group]
+                x0, x1 = xr[r, base:base + group], xr[min(r + 1, rows - 1), base:base + group]
+                x2, x3 = xr[min(r + 2, rows - 1), base:base + group], xr[min(r + 3, rows - 1), base:base + group]
+                x4 = xr[min(r + 4, rows - 1), base:base + group]
                 a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
                 for k in range(group):
                     v = np.float32(c[k])
@@ -290,7 +289,22 @@ def _levels_rows(xr, levels, gscale, group, out):
                 s2 += a2 * m
                 s3 += a3 * m
                 s4 += a4 * m
-            out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = s0, s1, s2, s3, s4
+            _store5(out, r, n, s0, s1, s2, s3, s4)
+
+
+@_jit()
+def _store5(out, r, n, s0, s1, s2, s3, s4):
+    """out[r .. r + 4, n] = s0 .. s4, the rows that exist (the plain loops' last five may overhang)."""
+    rows = out.shape[0]
+    out[r, n] = s0
+    if r + 1 < rows:
+        out[r + 1, n] = s1
+    if r + 2 < rows:
+        out[r + 2, n] = s2
+    if r + 3 < rows:
+        out[r + 3, n] = s3
+    if r + 4 < rows:
+        out[r + 4, n] = s4
 
 
 @_jit(GEMM_FASTMATH)
@@ -300,15 +314,14 @@ def _packed_rows(xr, packed, norms, levels, bits, group, out):
     out[r, n] = sum_g norms[n, g] * (levels[code(n, k)] . xr[r, g]); xr (R, K_pad) rotated
     activations; packed (N, >= K_pad * bits / 8) uint8, indices of `bits` bits (2 or 4) in
     `simd.interleave`'s layout; norms (N, K_pad // group) float32; levels (2**bits,) float32. Rows
-    go five at a time (R must be a multiple of five: _LevelsLinear.rotated pads them): each code
+    go five at a time: each code
     becomes its float32 level in a register (a quarter or half byte read per weight) used for five
     multiply-adds: `simd._dot5`'s shift, mask and table lookup when group is a multiple of its
-    blocks, else a plain loop.
+    blocks (under five rows one at a time, past a multiple of five the last five again: the
+    same sums), else a plain loop.
     """
     rows, k_pad = xr.shape
     groups = k_pad // group
-    if rows % 5:
-        raise ValueError("rows must be a multiple of five (pad with zero rows)")
     per = 8 // bits
     block = LANES * per
     if group % block == 0:
@@ -326,17 +339,17 @@ def _packed_rows(xr, packed, norms, levels, bits, group, out):
                     within = k % block
                     v = levels[(pn[k // block * LANES + within % LANES] >> (within // LANES * bits)) & mask]
                     a0 += v * xr[r, k]
-                    a1 += v * xr[r + 1, k]
-                    a2 += v * xr[r + 2, k]
-                    a3 += v * xr[r + 3, k]
-                    a4 += v * xr[r + 4, k]
+                    a1 += v * xr[min(r + 1, rows - 1), k]
+                    a2 += v * xr[min(r + 2, rows - 1), k]
+                    a3 += v * xr[min(r + 3, rows - 1), k]
+                    a4 += v * xr[min(r + 4, rows - 1), k]
                 m = norms[n, g]
                 s0 += a0 * m
                 s1 += a1 * m
                 s2 += a2 * m
                 s3 += a3 * m
                 s4 += a4 * m
-            out[r, n], out[r + 1, n], out[r + 2, n], out[r + 3, n], out[r + 4, n] = s0, s1, s2, s3, s4
+            _store5(out, r, n, s0, s1, s2, s3, s4)
 
 
 # ---------------------------------------------------------------- fused stages of a decoder step
@@ -681,10 +694,9 @@ def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_
             for c in range(sub):
                 fetched[m, t * sub + c] = src[c] * w
     _fake_quant_rows(fetched, fetched)
-    pad = n + (-n) % 5
-    hr = np.zeros((pad, kv_norms.shape[1] * kv_group), np.float32)
-    _fwht_rows(fetched, kv_group, hr[:n])
-    y = np.empty((pad, kv_codes.shape[0]), np.float32)
+    hr = np.zeros((n, kv_norms.shape[1] * kv_group), np.float32)
+    _fwht_rows(fetched, kv_group, hr)
+    y = np.empty((n, kv_codes.shape[0]), np.float32)
     _product(hr, kv_codes, kv_norms, kv_levels, kv_bits, kv_group, y)
     n_new = n // n_rows
     raw = np.empty((n_rows, n_new, width), np.float32)
@@ -700,7 +712,7 @@ def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_
 
 
 def _product(xr, codes, norms, levels, bits, group, out):
-    """xr (R5, K_pad) rotated rows times a CQ matrix: `_packed_rows` for packed level indices (uint8,
+    """xr (R, K_pad) rotated rows times a CQ matrix: `_packed_rows` for packed level indices (uint8,
     `bits` wide), `_levels_rows` for int16 level codes (levels and bits unused). Chosen when a
     kernel is compiled."""
     if codes.dtype == np.uint8:
@@ -879,41 +891,40 @@ def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start, layer):
     if eng_key.shape[0]:
         _engram_mix(x, eng_key, eng_value, eps, sh.embed_scale)
     n_new = n // n_rows
-    pad = n + (-n) % 5  # rotated activations padded with zero rows: the products take five at a time
     dq = cache.k_pool.shape[3]
     dv = cache.v_pool.shape[3]
 
     # causal self-attention: int8(norm_in(x)) -> [q | k | v | gate] in one rotated product
     qkvg, so = sa.qkvg, sa.out
-    hr = np.zeros((pad, qkvg.norms.shape[1] * qkvg.group), np.float32)
-    _norm_quant_rotate(x, sa.norm_in, eps, qkvg.group, hr[:n])
-    y = np.empty((pad, qkvg.codes.shape[0]), np.float32)
+    hr = np.zeros((n, qkvg.norms.shape[1] * qkvg.group), np.float32)
+    _norm_quant_rotate(x, sa.norm_in, eps, qkvg.group, hr)
+    y = np.empty((n, qkvg.codes.shape[0]), np.float32)
     _product(hr, qkvg.codes, qkvg.norms, qkvg.levels, qkvg.bits, qkvg.group, y)
     q = np.empty((n_rows, n_new, heads, dq), np.float32)
     _self_qkv(y[:n], n_rows, start, sa.q_taps, sa.k_taps, sa.v_taps, cache.hq, cache.hk, cache.hv, cache.anc,
               sa.q_norm, sa.k_norm, sh.cos_tab, sh.sin_tab, eps, heads, kv_heads, cache.k_pool, cache.v_pool, q)
     att = np.empty((n_rows, n_new, heads, dv), np.float32)
     _attend_pool(q, cache.k_pool, cache.v_pool, cache.anc, start, sh.q_scale, sh.logit_scale, cache.scores, att)
-    hr = np.zeros((pad, so.norms.shape[1] * so.group), np.float32)
-    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, sa.gate_at:], so.group, hr[:n])
-    o = np.empty((pad, so.codes.shape[0]), np.float32)
+    hr = np.zeros((n, so.norms.shape[1] * so.group), np.float32)
+    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, sa.gate_at:], so.group, hr)
+    o = np.empty((n, so.codes.shape[0]), np.float32)
     _product(hr, so.codes, so.norms, so.levels, so.bits, so.group, o)
     _gated_residual(x, o[:n], sa.post_norm, eps, sa.gate)
 
     # cross-attention over the clip's memory: int8(cross_norm(x)) -> [q | gate]
     qg, co = ca.qg, ca.out
-    hr = np.zeros((pad, qg.norms.shape[1] * qg.group), np.float32)
-    _norm_quant_rotate(x, ca.norm, eps, qg.group, hr[:n])
-    y = np.empty((pad, qg.codes.shape[0]), np.float32)
+    hr = np.zeros((n, qg.norms.shape[1] * qg.group), np.float32)
+    _norm_quant_rotate(x, ca.norm, eps, qg.group, hr)
+    y = np.empty((n, qg.codes.shape[0]), np.float32)
     _product(hr, qg.codes, qg.norms, qg.levels, qg.bits, qg.group, y)
     qc = np.empty((n, heads, dq), np.float32)
     _head_norm_quant(y[:n, :heads * dq], heads, ca.q_norm, eps, qc)
     att = np.empty((n, heads, dv), np.float32)
     _attend_memory(qc, mem.k_codes, mem.k_scale, mem.v_codes, mem.v_scale, sh.q_scale, sh.logit_scale, weights,
                    att)
-    hr = np.zeros((pad, co.norms.shape[1] * co.group), np.float32)
-    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, heads * dq:], co.group, hr[:n])
-    o = np.empty((pad, co.codes.shape[0]), np.float32)
+    hr = np.zeros((n, co.norms.shape[1] * co.group), np.float32)
+    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, heads * dq:], co.group, hr)
+    o = np.empty((n, co.codes.shape[0]), np.float32)
     _product(hr, co.codes, co.norms, co.levels, co.bits, co.group, o)
     _gated_residual(x, o[:n], ca.post_norm, eps, ca.gate)
 

@@ -148,9 +148,77 @@ def _block_codes(builder, code_arr, tables, first, width: int):
     return out
 
 
-@intrinsic(prefer_literal=True)
-def _dot5(typingctx, codes, x, r0, norms, levels, group, bits):
-    """(5 float32) out[i] = sum_g norms[g] * (w_g . x[r0 + i, g]) for one matrix row.
+def _dot_rows(count: int):
+    """The typer of `_dot5` (count 5) and `_dot1` (count 1): the same arithmetic per row, so a
+    row's sums do not depend on how many rows one call reads."""
+
+    def typer(typingctx, codes, x, r0, norms, levels, group, bits):
+        if not isinstance(bits, types.IntegerLiteral):
+            return None
+        width = bits.literal_value
+        packed = codes.dtype == types.uint8
+        dense = codes.dtype == types.float32
+        if not (width in PACKED_BITS if packed else width == 0 and (dense or codes.dtype == types.int16)):
+            return None
+        sig = types.UniTuple(types.float32, count)(codes, x, r0, norms, levels, group, bits)
+
+        def codegen(context, builder, signature, args):
+            codes_v, x_v, r0_v, norms_v, levels_v, group_v, _ = args
+            code_arr = context.make_array(signature.args[0])(context, builder, codes_v)
+            x_arr = context.make_array(signature.args[1])(context, builder, x_v)
+            norm_arr = context.make_array(signature.args[3])(context, builder, norms_v)
+            level_arr = context.make_array(signature.args[4])(context, builder, levels_v)
+            k_pad = cgutils.unpack_tuple(builder, x_arr.shape, 2)[1]
+            x_row = builder.sdiv(cgutils.unpack_tuple(builder, x_arr.strides, 2)[0], ir.Constant(_I64, 4))
+            r0_i = context.cast(builder, r0_v, signature.args[2], types.intp)
+            group_i = context.cast(builder, group_v, signature.args[5], types.intp)
+            vf = _vec(_F32)
+            code_ptr_t = ir.PointerType(_vec(_F32 if dense else ir.IntType(16)))
+            vec_ptr_t = ir.PointerType(vf)
+            tables = _level_tables(builder, level_arr, 1 << width) if packed else []
+            fma = _declare(builder, f"llvm.fmuladd.v{LANES}f32", vf, [vf, vf, vf])
+            rows = [builder.gep(x_arr.data, [builder.mul(builder.add(r0_i, ir.Constant(_I64, i)), x_row)])
+                    for i in range(count)]
+            zero = ir.Constant(vf, [0.0] * LANES)
+            total = [cgutils.alloca_once_value(builder, zero) for _ in range(count)]  # promoted to registers
+            part = [cgutils.alloca_once_value(builder, zero) for _ in range(count)]
+
+            def accumulate(k, w):  # each row's partial sums += w * x[row, k:k + LANES]
+                for i in range(count):
+                    xv = builder.load(builder.bitcast(builder.gep(rows[i], [k]), vec_ptr_t), align=4)
+                    builder.store(builder.call(fma, [w, xv, builder.load(part[i])]), part[i])
+
+            with cgutils.for_range(builder, builder.sdiv(k_pad, group_i)) as group_loop:
+                g = group_loop.index
+                for p in part:
+                    builder.store(zero, p)
+                base = builder.mul(g, group_i)
+                if packed:   # a LANES-byte load per block, widened once, then 8 // width vectors of codes
+                    per = 8 // width
+                    with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES * per))) as block_loop:
+                        first = builder.add(base, builder.mul(block_loop.index, ir.Constant(_I64, LANES * per)))
+                        for j, w in enumerate(_block_codes(builder, code_arr, tables, first, width)):
+                            accumulate(builder.add(first, ir.Constant(_I64, j * LANES)), w)
+                else:
+                    with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES))) as lane_loop:
+                        k = builder.add(base, builder.mul(lane_loop.index, ir.Constant(_I64, LANES)))
+                        raw = builder.load(builder.bitcast(builder.gep(code_arr.data, [k]), code_ptr_t),
+                                           align=4 if dense else 1)
+                        accumulate(k, raw if dense else builder.sitofp(builder.sext(raw, _vec(_I32)), vf))
+                norm = _splat(builder, builder.load(builder.gep(norm_arr.data, [g])), _F32)
+                for i in range(count):
+                    builder.store(builder.call(fma, [builder.load(part[i]), norm, builder.load(total[i])]), total[i])
+            sums = [_horizontal_sum(builder, builder.load(t)) for t in total]
+            return context.make_tuple(builder, signature.return_type, sums)
+
+        return sig, codegen
+
+    typer.__name__ = typer.__qualname__ = f"_dot{count}"
+    return typer
+
+
+_dot5 = intrinsic(prefer_literal=True)(_dot_rows(5))
+_dot5.__doc__ = """(5 float32) out[i] = sum_g norms[g] * (w_g . x[r0 + i, g]) for one matrix row.
 
     codes the row's codes, by the literal `bits`: 2 or 4, uint8 level indices in `interleave`'s
     layout (w = levels[index], levels holding 2**bits float32; group a multiple of LANES * 8 // bits);
@@ -159,65 +227,8 @@ def _dot5(typingctx, codes, x, r0, norms, levels, group, bits):
     read; codes and each row of x contiguous (the callers check); norms (K_pad // group,) float32;
     group a multiple of LANES dividing K_pad. Sums run in LANES-wide partials (a different order
     from a plain loop)."""
-    if not isinstance(bits, types.IntegerLiteral):
-        return None
-    width = bits.literal_value
-    packed = codes.dtype == types.uint8
-    dense = codes.dtype == types.float32
-    if not (width in PACKED_BITS if packed else width == 0 and (dense or codes.dtype == types.int16)):
-        return None
-    sig = types.UniTuple(types.float32, 5)(codes, x, r0, norms, levels, group, bits)
-
-    def codegen(context, builder, signature, args):
-        codes_v, x_v, r0_v, norms_v, levels_v, group_v, _ = args
-        code_arr = context.make_array(signature.args[0])(context, builder, codes_v)
-        x_arr = context.make_array(signature.args[1])(context, builder, x_v)
-        norm_arr = context.make_array(signature.args[3])(context, builder, norms_v)
-        level_arr = context.make_array(signature.args[4])(context, builder, levels_v)
-        k_pad = cgutils.unpack_tuple(builder, x_arr.shape, 2)[1]
-        x_row = builder.sdiv(cgutils.unpack_tuple(builder, x_arr.strides, 2)[0], ir.Constant(_I64, 4))
-        r0_i = context.cast(builder, r0_v, signature.args[2], types.intp)
-        group_i = context.cast(builder, group_v, signature.args[5], types.intp)
-        vf = _vec(_F32)
-        code_ptr_t = ir.PointerType(_vec(_F32 if dense else ir.IntType(16)))
-        vec_ptr_t = ir.PointerType(vf)
-        tables = _level_tables(builder, level_arr, 1 << width) if packed else []
-        fma = _declare(builder, f"llvm.fmuladd.v{LANES}f32", vf, [vf, vf, vf])
-        rows = [builder.gep(x_arr.data, [builder.mul(builder.add(r0_i, ir.Constant(_I64, i)), x_row)])
-                for i in range(5)]
-        zero = ir.Constant(vf, [0.0] * LANES)
-        total = [cgutils.alloca_once_value(builder, zero) for _ in range(5)]  # promoted to registers
-        part = [cgutils.alloca_once_value(builder, zero) for _ in range(5)]
-
-        def accumulate(k, w):  # the five rows' partial sums += w * x[row, k:k + LANES]
-            for i in range(5):
-                xv = builder.load(builder.bitcast(builder.gep(rows[i], [k]), vec_ptr_t), align=4)
-                builder.store(builder.call(fma, [w, xv, builder.load(part[i])]), part[i])
-
-        with cgutils.for_range(builder, builder.sdiv(k_pad, group_i)) as group_loop:
-            g = group_loop.index
-            for p in part:
-                builder.store(zero, p)
-            base = builder.mul(g, group_i)
-            if packed:   # a LANES-byte load per block, widened once, then 8 // width vectors of codes
-                per = 8 // width
-                with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES * per))) as block_loop:
-                    first = builder.add(base, builder.mul(block_loop.index, ir.Constant(_I64, LANES * per)))
-                    for j, w in enumerate(_block_codes(builder, code_arr, tables, first, width)):
-                        accumulate(builder.add(first, ir.Constant(_I64, j * LANES)), w)
-            else:
-                with cgutils.for_range(builder, builder.sdiv(group_i, ir.Constant(_I64, LANES))) as lane_loop:
-                    k = builder.add(base, builder.mul(lane_loop.index, ir.Constant(_I64, LANES)))
-                    raw = builder.load(builder.bitcast(builder.gep(code_arr.data, [k]), code_ptr_t),
-                                       align=4 if dense else 1)
-                    accumulate(k, raw if dense else builder.sitofp(builder.sext(raw, _vec(_I32)), vf))
-            norm = _splat(builder, builder.load(builder.gep(norm_arr.data, [g])), _F32)
-            for i in range(5):
-                builder.store(builder.call(fma, [builder.load(part[i]), norm, builder.load(total[i])]), total[i])
-        sums = [_horizontal_sum(builder, builder.load(t)) for t in total]
-        return context.make_tuple(builder, signature.return_type, sums)
-
-    return sig, codegen
+# `_dot5` for the one row r0 (a 1-tuple): a greedy step's row, or the rows past a multiple of five.
+_dot1 = intrinsic(prefer_literal=True)(_dot_rows(1))
 
 
 @intrinsic
