@@ -61,9 +61,10 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/favicon.ico": ("favicon.svg", "image/svg+xml")}
 
 
-def log_event(event: str, level: int = logging.INFO, **fields) -> None:
-    """One structured log line: {"ts", "level", "event", **fields} (see JsonFormatter)."""
-    log.log(level, event, extra={"fields": fields})
+def log_event(event: str, level: int = logging.INFO, exc_info: bool = False, **fields) -> None:
+    """One structured log line: {"ts", "level", "event", **fields} (see JsonFormatter); exc_info
+    (inside an except block): the exception's traceback as "exc"."""
+    log.log(level, event, exc_info=exc_info, extra={"fields": fields})
 
 
 class JsonFormatter(logging.Formatter):

@@ -568,6 +568,16 @@ async def test_rejects_are_counted_by_reason(limited_app):
 
 
 async def test_an_engine_failure_ends_only_that_session_with_internal():
+    from whistle_stream.service.server import JsonFormatter, log as server_log
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(json.loads(JsonFormatter().format(record)))
+
+    keep = Keep(logging.ERROR)
+    server_log.addHandler(keep)
     model = FakeWhistle()
     app = await start(model)
     try:
@@ -581,7 +591,11 @@ async def test_an_engine_failure_ends_only_that_session_with_internal():
         assert [m["code"] for m in bad_messages if m["type"] == "error"] == ["internal"]
         assert bad_close == 1011 and "fake" not in json.dumps(bad_messages)
         assert final.text == stream_reference(FakeWhistle(), noise(2.0))
+        # the server's log line names the cause: the traceback, not a flag
+        failed = [line for line in lines if line["event"] == "engine_error"]
+        assert len(failed) == 1 and "Traceback" in failed[0]["exc"] and "exc_info" not in failed[0]
     finally:
+        server_log.removeHandler(keep)
         await app.drain()
 
 

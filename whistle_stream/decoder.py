@@ -287,6 +287,9 @@ class DecoderState:
     token_hist: np.ndarray  # (capacity, max order - 1) int64, the last tokens (0 before the start)
     scores: np.ndarray  # (heads per kv head, max_tokens) float32 attention scratch
     layer_args: list  # per kept layer: the `LayerStep` record `_block_step` reads
+    # alignment layer -> (max_tokens, heads, frames) cross-attention weights of each position fed
+    # while one row is live (`Decoder.record`), or None: a greedy decode's word-time weights
+    recorded: dict | None = None
 
 
 class Decoder:
@@ -370,8 +373,30 @@ class Decoder:
 
     def restart(self, state: DecoderState, beams: int = 1) -> DecoderState:
         """A fresh decode over the same encoder output as `state` (a `start` of it): the
-        cross-attention K/V are shared (read-only), not projected again; nothing is fed yet."""
-        return self._fresh(state.frames, state.cross_k, state.cross_v, _beam_rows(beams))
+        cross-attention K/V are shared (read-only), not projected again; nothing is fed yet.
+        It records as `state` does (`record`)."""
+        fresh = self._fresh(state.frames, state.cross_k, state.cross_v, _beam_rows(beams))
+        if state.recorded is not None:
+            self.record(fresh)
+        return fresh
+
+    def record(self, state: DecoderState) -> None:
+        """From now on `state` keeps the alignment layers' cross-attention weights of every position
+        it feeds while one row is live (a greedy decode), so that `recorded_weights` gives the
+        teacher-forced pass's weights of what it read without running that pass (a row's weights
+        are the same whichever way it was fed). Pages are touched only for the positions fed."""
+        d = self.dims
+        state.recorded = {i: np.empty((d.max_tokens, d.heads, state.frames), np.float32)
+                          for i in self.alignment_layers}
+
+    def recorded_weights(self, state: DecoderState, positions: int) -> np.ndarray | None:
+        """`cross_attention_weights` of the first `positions` tokens `state` fed, from its record
+        (`record`), or None where it holds fewer (a transcript cut at the length cap ends
+        without its last token fed)."""
+        if state.recorded is None or state.position < positions or state.rows != 1:
+            return None
+        out = [state.recorded[i][:positions].transpose(1, 0, 2) for i in self.alignment_layers]
+        return np.concatenate(out, axis=0) if out else np.zeros((0, positions, state.frames), np.float32)
 
     def _fresh(self, frames: int, cross_k: list, cross_v: list, cap: int) -> DecoderState:
         """A state with room for `cap` rows over projected cross-attention K/V, nothing fed."""
@@ -551,11 +576,14 @@ class Decoder:
         stream = self.lanes.expand(x)  # (B*S, lanes, width)
         spare = np.empty_like(stream)
         scratch = np.empty((n, d.heads, state.frames), np.float32)
+        recorded = state.recorded if rows == 1 else None
         for li, layer in enumerate(self.layers):
             key, value = engram.get(layer.site, (self._no_engram, self._no_engram))
             weights = scratch  # a layer whose weights nobody keeps writes them here
             if collect is not None and layer.index in collect[0]:
                 weights = collect[1][layer.index] = np.empty((n, d.heads, state.frames), np.float32)
+            elif recorded is not None and layer.index in recorded:
+                weights = recorded[layer.index][start:start + n_new]
             args = (stream, spare, weights, key, value, rows, start, state.layer_args[li])
             step = self._steps.get(li)
             if step is None:   # the record's types are fixed per decoder: resolve them once

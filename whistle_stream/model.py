@@ -22,7 +22,7 @@ from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
 from .models import resolve_model
-from .rules import WINDOW_S
+from .rules import WINDOW_S, WORD_START
 from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import sound_span
 
@@ -135,6 +135,9 @@ class Whistle:
             return {"tokens": [], "text": "", "language": language or "", "words": [], "ttft": 0.0,
                     "decode_s": 0.0}
         state = self.decoder.start(enc, beams=beams)
+        greedy = beams == 1 and biaser is None
+        if greedy and words:
+            self.decoder.record(state)  # the word times' weights, as the search feeds the positions
         first = self.decoder.feed(state, [d.bos])[0, -1]
         if language is None:
             language = self._detect_language(first)
@@ -142,7 +145,7 @@ class Whistle:
         prefix = list(prefix) if len(prefix) + PREFIX_ROOM <= d.max_tokens else []
         logits = self.decoder.feed(state, [tag] + prefix)[0, -1]
         ttft = time.perf_counter() - t0
-        if len(draft) and beams == 1 and biaser is None:
+        if greedy:
             result, state = self._greedy_draft(state, logits, [d.bos, tag] + prefix, draft)
         else:
             result = beam_search(logits, self.decoder.advance_fn(state), first_tag=d.first_tag, eos=d.eos,
@@ -154,13 +157,15 @@ class Whistle:
         if words and tokens:
             # a committed word was heard and agreed on: its tokens count as certain
             probs = np.concatenate([np.ones(len(prefix)), np.exp(np.asarray(result.token_logprobs, np.float64))])
-            weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + tokens, same_as=state)
+            weights = self.decoder.recorded_weights(state, 2 + len(tokens))
+            if weights is None:
+                weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + tokens, same_as=state)
             out["words"] = self._word_times(pcm, len(enc), weights, tokens, probs, open_end)
         return out
 
     def _greedy_draft(self, state, first_logits: np.ndarray, prompt: list, draft: Sequence[int]):
         """`search.greedy_draft` on a decoder `state` that has read `prompt`: (result, the state
-        the search ended on, whose cross-attention K/V the word times reuse)."""
+        the search ended on, whose cross-attention K/V and record the word times reuse)."""
         d = self.dims
         holder = [state]
 
@@ -333,7 +338,9 @@ class Whistle:
         is known to begin with (a stream's committed words, with a language): read in one teacher-
         forced run instead of searched for again, and returned at the head of the words. draft: the
         `tokens` of a reading of the same audio's start (the pass before): a greedy pass (beams=1,
-        no keywords) checks them first instead of stepping through them (the text is the same)."""
+        no keywords) checks them first instead of stepping through them (the text is the same),
+        all but their last word (the word the audio cut, which a pass hearing more mostly reads
+        otherwise: stepped through, not checked and then read again)."""
         pcm = self.load_audio(audio)
         if not self.is_speech(pcm):
             return {"speech": False, "language": language or "", "text": "", "words": [], "tokens": []}
@@ -341,6 +348,8 @@ class Whistle:
         tokens = self.tokenizer.encode(prefix) if prefix and language else []
         guess = [int(t) for t in draft]
         guess = guess[len(tokens):] if guess[:len(tokens)] == tokens else []
+        starts = [i for i, t in enumerate(guess) if self.tokenizer.piece(t).startswith(WORD_START)]
+        guess = guess[:starts[-1]] if starts else []
         r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], language, self._biaser(keywords),
                          _check_beams(beams or 5), True, open_end=open_end, prefix=tokens, draft=guess)
         return {"speech": True, "language": r["language"], "text": r["text"], "words": r["words"],
