@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from . import kernels as K
+from .kernels.decoder import _packed_rows
 from .kernels.simd import PACKED_BITS, interleave
 
 NORM_EPS = 1e-6  # ZCRMSNorm and _rms_unit epsilon in the reference
@@ -278,7 +279,8 @@ class CQLinear:
     matrix, so x_g . w_g = (x_g @ H) . (levels[idx] * norm). Each call rotates the activation
     (`_fwht_rows`), dequantises the matrix without its rotation into this thread's scratch
     (`_packed_levels`) and hands the product to BLAS: the model holds a sixteenth of the bytes of
-    float32 weights (2-bit), plus one matrix's float32 per thread. Agrees with `Linear` on the
+    float32 weights (2-bit), plus one matrix's float32 per thread. Up to `kernels.PACKED_ROWS`
+    rows (a short clip) the decoder's `_packed_rows` reads the codes instead, without the copy. Agrees with `Linear` on the
     dequantised matrix to float32 rounding (the sums run in another order).
     """
 
@@ -309,6 +311,11 @@ class CQLinear:
             raise ValueError(f"input has {x.shape[1]} features, the matrix takes {self.shape[1]}")
         xr = np.empty((x.shape[0], self.k_pad), np.float32)
         K._fwht_rows(x, self.group, xr)
+        if x.shape[0] <= K.PACKED_ROWS:  # a few rows: the codes in registers, no dequantised copy
+            if out is None:
+                out = np.empty((x.shape[0], self.shape[0]), np.float32)
+            _packed_rows(xr, self.codes, self.norms, self.levels, self.bits, self.group, out)
+            return out
         w = _weight_scratch(self.shape[0], self.k_pad)
         K._packed_levels(self.codes, self.norms, self.levels, self.bits, self.group, w)
         return _product(xr, w, out)
