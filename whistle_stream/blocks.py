@@ -280,12 +280,16 @@ class CQLinear:
     (`_fwht_rows`), dequantises the matrix without its rotation into this thread's scratch
     (`_packed_levels`) and hands the product to BLAS: the model holds a sixteenth of the bytes of
     float32 weights (2-bit), plus one matrix's float32 per thread. Up to `kernels.PACKED_ROWS`
-    rows (a short clip) the decoder's `_packed_rows` reads the codes instead, without the copy. Agrees with `Linear` on the
+    rows (a short clip) the decoder's `_packed_rows` reads the codes instead, without the copy
+    (the encoder's matrices; `few_rows=False` keeps BLAS). Agrees with `Linear` on the
     dequantised matrix to float32 rounding (the sums run in another order).
     """
 
-    def __init__(self, cqs):
+    def __init__(self, cqs, few_rows: bool = True):
         first = cqs[0]
+        # False: BLAS at any row count (the decoder's cross-attention K and V, whose int8 codes
+        # follow the products' rounding: the parity tests against the reference hold them there)
+        self.few_rows = few_rows
         self.codes, self.norms, self.levels = packed_levels(cqs)
         for a in (self.codes, self.norms, self.levels):
             a.setflags(write=False)
@@ -294,12 +298,12 @@ class CQLinear:
         self.shape = (sum(self.sizes), first.shape[1])
 
     @classmethod
-    def from_cact(cls, cact, *names: str) -> "CQLinear | Linear":
+    def from_cact(cls, cact, *names: str, few_rows: bool = True) -> "CQLinear | Linear":
         """The records stacked along their outputs; a dense `Linear` of them when they are not
         all CQ of one packed width (`PACKED_BITS`), codebook, group and input size."""
         try:
             cqs = [cact.packed_cq(name) for name in names]
-            return cls(cqs)
+            return cls(cqs, few_rows)
         except (TypeError, ValueError):
             weights = [cact.array(name) for name in names]
             return Linear(weights[0] if len(weights) == 1 else np.concatenate(weights))
@@ -311,7 +315,7 @@ class CQLinear:
             raise ValueError(f"input has {x.shape[1]} features, the matrix takes {self.shape[1]}")
         xr = np.empty((x.shape[0], self.k_pad), np.float32)
         K._fwht_rows(x, self.group, xr)
-        if x.shape[0] <= K.PACKED_ROWS:  # a few rows: the codes in registers, no dequantised copy
+        if self.few_rows and x.shape[0] <= K.PACKED_ROWS:  # the codes in registers, no dequantised copy
             if out is None:
                 out = np.empty((x.shape[0], self.shape[0]), np.float32)
             _packed_rows(xr, self.codes, self.norms, self.levels, self.bits, self.group, out)

@@ -199,7 +199,7 @@ class _Layer:
         self.cout = _LevelsLinear(cact, p + "cross.out_proj")
         # Memory-side projections see (frames, width) once per clip: BLAS on float32 weights.
         # cross-attention K and V read the same memory once per pass: one product, kept packed
-        self.ckv = B.CQLinear.from_cact(cact, p + "cross.k_proj", p + "cross.v_proj")
+        self.ckv = B.CQLinear.from_cact(cact, p + "cross.k_proj", p + "cross.v_proj", few_rows=False)
         self.cq_norm, self.ck_norm = a(p + "cross_q_norm"), a(p + "cross_k_norm")
         self.post_cross_norm = a(p + "post_cross_norm")
         self.cross_gate = _sigmoid_scalar(a(p + "cross_gate"))

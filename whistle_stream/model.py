@@ -138,12 +138,14 @@ class Whistle:
         greedy = beams == 1 and biaser is None
         if greedy and words:
             self.decoder.record(state)  # the word times' weights, as the search feeds the positions
-        first = self.decoder.feed(state, [d.bos])[0, -1]
-        if language is None:
-            language = self._detect_language(first)
-        tag = d.language_id(language)
         prefix = list(prefix) if len(prefix) + PREFIX_ROOM <= d.max_tokens else []
-        logits = self.decoder.feed(state, [tag] + prefix)[0, -1]
+        if language is None:  # detected from the row after <s>, then the tag fed
+            language = self._detect_language(self.decoder.feed(state, [d.bos])[0, -1])
+            tag = d.language_id(language)
+            logits = self.decoder.feed(state, [tag] + prefix)[0, -1]
+        else:  # the whole prompt in one run (a row's logits do not depend on how it was fed)
+            tag = d.language_id(language)
+            logits = self.decoder.feed(state, [d.bos, tag] + prefix)[0, -1]
         ttft = time.perf_counter() - t0
         if greedy:
             result, state = self._greedy_draft(state, logits, [d.bos, tag] + prefix, draft)

@@ -37,8 +37,8 @@ SMALL_ROWS = 12
 # Up to this many rows a packed CQ matrix's product reads its codes in registers (the decoder's
 # `_packed_rows`) instead of dequantising the matrix for BLAS (`blocks.CQLinear`: an encoder pass
 # over 1-3 s of speech is 12-40 rows; the first 8 full-architecture encoder matrices at 16 rows
-# 2.81 against 4.85 ms, 24 rows 4.31 / 5.54, 32 rows 6.12 / 6.52, 64 rows 10.1 / 8.4).
-PACKED_ROWS = 32
+# 2.81 against 4.85 ms, 24 rows 4.31 / 5.54, 40 rows 6.06 / 6.70, 64 rows 10.1 / 8.4).
+PACKED_ROWS = 40
 # The int8 activation/KV fake-quant of the reference (quantize.ACT_BITS = KV_BITS = 8).
 INT8_MAX = 127
 # One BLAS thread: on a 2-vCPU machine two made an encoder layer slower (59.7 vs 34.5 ms), and
