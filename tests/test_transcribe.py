@@ -271,3 +271,14 @@ def test_a_greedy_pass_given_a_draft_reads_what_it_reads_without_one(name, tiny,
             for draft in drafts:
                 got = model.transcribe_words(pcm, language="en", beams=1, open_end=open_end, draft=draft)
                 assert got == want, (clip, draft)
+
+
+def test_a_draft_that_is_not_token_ids_is_refused_by_name(tiny, clips):
+    pcm = clips["espeak_5s"]
+    for bad in (None, "abc", [1.5], [True], ["a"]):
+        with pytest.raises(ValueError, match="draft must be a sequence of integer token ids"):
+            tiny.transcribe_words(pcm, language="en", beams=1, draft=bad)
+    for bad in ([10 ** 6], [5, -1], [tiny.dims.first_tag]):
+        with pytest.raises(ValueError, match="outside the text ids"):
+            tiny.transcribe_words(pcm, language="en", beams=1, draft=bad)
+    assert tiny.transcribe_words(pcm, language="en", beams=1, draft=np.array([5, 6]))["speech"]

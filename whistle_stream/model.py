@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from . import frontend
-from .alignment import sounding_frames, trim_to_sound, word_times
+from .alignment import _word_starts, sounding_frames, trim_to_sound, word_times
 from .container import CactFile
 from .decoder import Decoder
 from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
 from .models import resolve_model
-from .rules import WINDOW_S, WORD_START
+from .rules import WINDOW_S
 from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import sound_span
 
@@ -348,9 +348,9 @@ class Whistle:
             return {"speech": False, "language": language or "", "text": "", "words": [], "tokens": []}
         language = self.check_language(language)
         tokens = self.tokenizer.encode(prefix) if prefix and language else []
-        guess = [int(t) for t in draft]
+        guess = _check_draft(draft, self.dims.text_vocab)
         guess = guess[len(tokens):] if guess[:len(tokens)] == tokens else []
-        starts = [i for i, t in enumerate(guess) if self.tokenizer.piece(t).startswith(WORD_START)]
+        starts = [i for i, first in enumerate(_word_starts(guess, self.tokenizer)) if first]
         guess = guess[:starts[-1]] if starts else []
         r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], language, self._biaser(keywords),
                          _check_beams(beams or 5), True, open_end=open_end, prefix=tokens, draft=guess)
@@ -391,6 +391,19 @@ class Whistle:
                     max_len=min(self.dims.max_tokens, 8), beams=5)
         self.decoder.cross_attention_weights(enc, [self.dims.bos, self.dims.first_tag, 5])
         return time.perf_counter() - t0
+
+
+def _check_draft(draft, text_vocab: int) -> list[int]:
+    """A pass's `draft` as a list of text token ids; refuses anything else by name."""
+    if isinstance(draft, (str, bytes)) or not hasattr(draft, "__iter__"):
+        raise ValueError(f"draft must be a sequence of integer token ids (a pass's `tokens`), got {draft!r}")
+    ids = list(draft)
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"draft must be a sequence of integer token ids (a pass's `tokens`), got {ids!r}")
+    ids = [int(t) for t in ids]
+    if any(not 0 <= t < text_vocab for t in ids):
+        raise ValueError(f"draft holds ids outside the text ids [0, {text_vocab}): {ids!r}")
+    return ids
 
 
 def _check_beams(beams) -> int:
