@@ -78,10 +78,12 @@ def install(tokens_per_second: float, scripted: bool = False) -> None:
 
     def _decode(self, pcm, *args, **kwargs):
         _pass.need = math.ceil(tokens_per_second * len(pcm) / RATE)
-        if scripted and getattr(self, "_script", None) is None:
-            self._script = script_for(self.tokenizer, self.dims.vocab)
-            self._edge = script_for(self.tokenizer, self.dims.vocab, seed=1)
-        _pass.script = (self._script, self._edge) if scripted else None
+        if scripted and getattr(self, "_scripts", None) is None:
+            # one assignment: engine threads start their first passes together, and a thread that
+            # saw one script set before the other read a missing attribute (an `internal` error)
+            self._scripts = (script_for(self.tokenizer, self.dims.vocab),
+                             script_for(self.tokenizer, self.dims.vocab, seed=1))
+        _pass.script = self._scripts if scripted else None
         try:
             return decode(self, pcm, *args, **kwargs)
         finally:

@@ -388,3 +388,44 @@ def test_the_load_benchmarks_script_reads_as_words_of_the_models_own_pieces():
     assert 1.2 < len(pieces) / words < 1.4
     # at most one continuation piece after a word's start
     assert not any(not a.startswith(WORD_START) and not b.startswith(WORD_START) for a, b in zip(pieces, pieces[1:]))
+
+
+def test_the_load_benchmarks_scripted_passes_start_together_without_error(tmp_path):
+    """benchmarks/spoken_tokens.py --scripted: a server's engine threads start their first passes
+    together; each must find the model's two scripts set (one of them was set before the other, and
+    a thread in between read a missing attribute: the load runs' `internal` errors)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    child = r"""
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import spoken_tokens
+spoken_tokens.install(4.0, scripted=True)
+from whistle_stream.model import Whistle
+audio = np.load(sys.argv[2])
+failures = []
+for _ in range(5):
+    model = Whistle()
+    gate = threading.Barrier(8)
+    def one(k):
+        gate.wait()
+        time.sleep(0.01 * k)   # passes that start one after another, while the first sets the scripts
+        try:
+            model.transcribe(audio, language="en")
+        except Exception as e:
+            failures.append(repr(e))
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+print(failures)
+sys.exit(1 if failures else 0)
+"""
+    clip = tmp_path / "clip.npy"
+    np.save(clip, audio.speech("Set a timer for ten minutes."))
+    run = subprocess.run([sys.executable, "-c", child, str(root / "benchmarks"), str(clip)], capture_output=True, text=True,
+                         timeout=300, cwd=root)
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
