@@ -22,9 +22,34 @@ def model_path(name: str | None) -> str | None:
     return name
 
 
-# benchmarks/spoken_tokens.py patches this checkout's engine, or the one this variable names (load.py
-# --engine against a checkout older than that harness runs this checkout's harness on its engine).
+# benchmarks/spoken_tokens.py serves this checkout's code, or the checkout this variable names
+# (load.py --engine runs this harness on the other checkout's engine and service).
 ENGINE_ROOT = "WHISTLE_BENCH_ENGINE_ROOT"
+
+
+class _CheckoutFinder:
+    """Finds whistle_stream.service and whistle_stream.clients in one checkout's service/ and
+    clients/ folders (a meta path finder ahead of the others)."""
+
+    def __init__(self, root: Path):
+        self.folders = {"whistle_stream.service": root / "service", "whistle_stream.clients": root / "clients"}
+
+    def find_spec(self, name, path=None, target=None):
+        from importlib.util import spec_from_file_location
+
+        folder = self.folders.get(name)
+        if folder is None or not (folder / "__init__.py").is_file():
+            return None
+        return spec_from_file_location(name, folder / "__init__.py", submodule_search_locations=[str(folder)])
+
+
+def import_checkout(root: Path) -> None:
+    """Make this process import whistle_stream, its service and its clients from the checkout
+    `root`. The engine package is found on sys.path; the service and clients live in folders of
+    their own that the editable install maps to the installed checkout's, whatever sys.path
+    says, so a server of another checkout ran that checkout's engine under this one's service."""
+    sys.path.insert(0, str(root))
+    sys.meta_path.insert(0, _CheckoutFinder(Path(root)))
 
 SHIPPED_VOCAB = 8199  # embedding rows of the shipped whistle.cact (the harness's tokenizer has 519)
 

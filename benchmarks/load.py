@@ -237,12 +237,12 @@ def start_server(args, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     else:
         model = model_path(args.model)
         cmd = [sys.executable, "-m", "whistle_stream.service.server"]
-        if args.spoken_tokens or args.prefill == "off" or args.vocab:
-            # the other checkout's harness, or this one's (run against its engine) where it has none
-            harness = root / "benchmarks" / "spoken_tokens.py"
-            if not harness.exists():
-                harness, env = ROOT / "benchmarks" / "spoken_tokens.py", {**env, ENGINE_ROOT: str(root)}
-            cmd = [sys.executable, str(harness),
+        if args.spoken_tokens or args.prefill == "off" or args.vocab or root != ROOT:
+            # this checkout's harness (it does nothing with --tokens-per-second 0 and --vocab 0)
+            # serving the code of `root`: both servers of --engine get the same harness, and each
+            # its own checkout's engine and service
+            env = {**env, ENGINE_ROOT: str(root)}
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "spoken_tokens.py"),
                    "--tokens-per-second", str(args.spoken_tokens), "--prefill", args.prefill,
                    "--vocab", str(args.vocab)] + (["--scripted"] if args.scripted else [])
         cmd += ["--model", model] if model else []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.seconds <= 0:
         ap.error("--repeats must be at least 1 and --seconds positive")
 
-    from harness_model import model_path
+    from harness_model import ENGINE_ROOT, model_path
     from load import RATE, stream_audio
 
     audio = stream_audio(args.audio, args.seconds)
@@ -78,7 +79,8 @@ def main(argv=None) -> int:
         np.save(f"{tmp}/audio.npy", audio.astype(np.float32))
         procs = {name: subprocess.Popen([sys.executable, "-c", _CHILD, str(root), str(ROOT), path,
                                          str(args.tokens_per_second), str(args.vocab), f"{tmp}/audio.npy"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, ENGINE_ROOT: str(root)})
                  for name, root in sides.items()}
 
         def stream(name: str) -> dict:

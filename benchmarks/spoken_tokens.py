@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from harness_model import ENGINE_ROOT  # this script's folder, first on sys.path
+from harness_model import ENGINE_ROOT, import_checkout  # this script's folder, first on sys.path
 
-sys.path.insert(0, os.environ.get(ENGINE_ROOT) or str(Path(__file__).resolve().parent.parent))
+import_checkout(Path(os.environ.get(ENGINE_ROOT) or Path(__file__).resolve().parent.parent))
 
 from whistle_stream import model as engine_model  # noqa: E402
 from whistle_stream import search  # noqa: E402

@@ -429,3 +429,29 @@ sys.exit(1 if failures else 0)
     run = subprocess.run([sys.executable, "-c", child, str(root / "benchmarks"), str(clip)], capture_output=True, text=True,
                          timeout=300, cwd=root)
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+
+
+def test_a_benchmark_server_of_another_checkout_imports_that_checkouts_service(tmp_path):
+    """load.py --engine: the other checkout's server runs its own service, not the installed one
+    (the editable install maps whistle_stream.service to the installed checkout's folder whatever
+    sys.path says, so both servers ran one service)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "whistle_stream").symlink_to(root / "whistle_stream")
+    for package in ("service", "clients"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    child = ("import sys; sys.path.insert(0, sys.argv[1]); from harness_model import import_checkout; "
+             "import_checkout(__import__('pathlib').Path(sys.argv[2])); "
+             "import whistle_stream.service, whistle_stream.clients, whistle_stream.model; "
+             "print(whistle_stream.service.__file__, whistle_stream.clients.__file__, whistle_stream.model.__file__)")
+    run = subprocess.run([sys.executable, "-c", child, str(root / "benchmarks"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    service, clients, engine = run.stdout.split()
+    assert service == str(tmp_path / "service" / "__init__.py")
+    assert clients == str(tmp_path / "clients" / "__init__.py")
+    assert engine == str(tmp_path / "whistle_stream" / "model.py")
