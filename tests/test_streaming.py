@@ -38,7 +38,7 @@ class FakeModel:
         return [] if not keywords else list(keywords)
 
     def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False, prefix="",
-                         draft=()):
+                         draft=(), memo=None):
         self.passes.append(len(audio) / RATE)
         self.prefixes.append(prefix)
         if not np.any(audio):
@@ -409,7 +409,7 @@ class WaveringTail(FakeModel):
         self.closed_passes = 0
 
     def transcribe_words(self, audio, language=None, keywords=None, beams=None, open_end=False, prefix="",
-                         draft=()):
+                         draft=(), memo=None):
         result = super().transcribe_words(audio, language, keywords, beams, open_end, prefix, draft)
         if not open_end and result["words"]:
             self.closed_passes += 1

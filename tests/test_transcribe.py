@@ -282,3 +282,76 @@ def test_a_draft_that_is_not_token_ids_is_refused_by_name(tiny, clips):
         with pytest.raises(ValueError, match="outside the text ids"):
             tiny.transcribe_words(pcm, language="en", beams=1, draft=bad)
     assert tiny.transcribe_words(pcm, language="en", beams=1, draft=np.array([5, 6]))["speech"]
+
+
+def _counting(model, monkeypatch) -> dict:
+    """Count the model's encoder runs and decodes (instance attributes over the class's)."""
+    calls = {"encode": 0, "decode": 0}
+    encode, decode = model._encode, model._decode
+
+    def counted_encode(pcm):
+        calls["encode"] += 1
+        return encode(pcm)
+
+    def counted_decode(*args, **kwargs):
+        calls["decode"] += 1
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(model, "_encode", counted_encode)
+    monkeypatch.setattr(model, "_decode", counted_decode)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["tiny", "full"])
+def test_a_pass_that_hears_the_last_passs_samples_reuses_them_and_reads_the_same(name, tiny, full_model, clips,
+                                                                                 monkeypatch):
+    """A stream's `PassMemo`: a pass hearing the samples the pass before heard reuses its encoder
+    output and cross-attention K/V (one encoder run), and with the same settings its reading (no
+    decode); every result is the one a pass without the memo gets. Other samples are read anew."""
+    from whistle_stream.streaming import PassMemo
+
+    model = tiny if name == "tiny" else Whistle(full_model.path)
+    pcm = clips["espeak_5s"]
+    settings = [dict(beams=1, open_end=True), dict(beams=5, open_end=False), dict(beams=5, open_end=False),
+                dict(beams=1, open_end=True), dict(beams=2, open_end=True), dict(beams=5, open_end=False)]
+    want = [model.transcribe_words(pcm, language="en", **kw) for kw in settings]
+    calls = _counting(model, monkeypatch)
+    memo = PassMemo()
+    got = []
+    for kw in settings:
+        got.append(model.transcribe_words(pcm, language="en", memo=memo, **kw))
+        got[-1]["words"].clear()   # the caller's copy: the memo's reading is its own
+    assert calls == {"encode": 1, "decode": 5}   # the third repeats the second
+    got = [model.transcribe_words(pcm, language="en", memo=memo, **kw) for kw in settings[-1:]]
+    assert got == want[-1:]
+    for kw, expected in zip(settings, want):
+        assert model.transcribe_words(pcm, language="en", memo=memo, **kw) == expected, kw
+    assert calls["encode"] == 1
+    shorter = pcm[:-1600]
+    assert model.transcribe_words(shorter, language="en", memo=memo) == \
+        Whistle.transcribe_words(model, shorter, language="en")
+    assert calls["encode"] == 3
+
+
+def test_a_stream_reads_the_same_with_its_pass_memo_and_without(tiny, clips, monkeypatch):
+    """Streaming speech with pauses: what the memo reuses changes nothing a stream says (every
+    dict of every call and pass the same), and a pass at a pause runs no encoder of its own."""
+    silence = np.zeros(int(1.5 * RATE), np.float32)
+    audio = np.concatenate([clips["espeak_5s"], silence, clips["flite_12s"], silence])
+
+    def streamed() -> tuple[list[dict], list[dict]]:
+        passes = []
+        stream = tiny.open_stream(language="en")
+        stream.on_pass = passes.append
+        said = [stream.feed(audio[i:i + RATE // 2]) for i in range(0, len(audio), RATE // 2)] + [stream.finish()]
+        return [{k: v for k, v in d.items() if k != "pass_ms"} for d in said + passes], passes
+
+    calls = _counting(tiny, monkeypatch)
+    with_memo, passes = streamed()
+    encoded = calls["encode"]
+    original = Whistle.transcribe_words
+    monkeypatch.setattr(Whistle, "transcribe_words", lambda self, audio, memo=None, **kw: original(self, audio, **kw))
+    calls.update(encode=0)
+    without, _ = streamed()
+    assert with_memo == without
+    assert calls["encode"] > encoded, (encoded, calls["encode"], len(passes))

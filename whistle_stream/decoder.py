@@ -371,12 +371,12 @@ class Decoder:
             cross_v.append(_memory_codes(v))
         return self._fresh(frames, cross_k, cross_v, cap)
 
-    def restart(self, state: DecoderState, beams: int = 1) -> DecoderState:
+    def restart(self, state: DecoderState, beams: int = 1, *, record: bool | None = None) -> DecoderState:
         """A fresh decode over the same encoder output as `state` (a `start` of it): the
         cross-attention K/V are shared (read-only), not projected again; nothing is fed yet.
-        It records as `state` does (`record`)."""
+        It records (`record`) as `state` does, or as `record` says."""
         fresh = self._fresh(state.frames, state.cross_k, state.cross_v, _beam_rows(beams))
-        if state.recorded is not None:
+        if (state.recorded is not None) if record is None else record:
             self.record(fresh)
         return fresh
 

@@ -24,7 +24,7 @@ from .longform import transcribe_long, utterance_spans
 from .models import resolve_model
 from .rules import WINDOW_S
 from .search import _text_logprobs, beam_search, greedy_draft
-from .streaming import sound_span
+from .streaming import PassMemo, sound_span
 
 # A prefix is fed only while this many positions stay after it (the prompt, some text, </s>).
 PREFIX_ROOM = 64
@@ -86,6 +86,19 @@ class Whistle:
         audio shorter than one frame gives an empty (0, width) array."""
         return self._encode(self.load_audio(audio))
 
+    def _started(self, pcm: np.ndarray, beams: int, memo: PassMemo | None) -> tuple[np.ndarray, object]:
+        """The encoder output of `pcm` and a decoder state started on it with room for `beams`
+        rows (None when there is no frame); from the memo's when it holds these samples' (its
+        `hears` has checked them), else computed and left in the memo."""
+        if memo is not None and memo.encoded is not None:
+            enc, base = memo.encoded
+            return enc, None if base is None else self.decoder.restart(base, beams=beams, record=False)
+        enc = self._encode(pcm)
+        state = self.decoder.start(enc, beams=beams) if len(enc) else None
+        if memo is not None:
+            memo.encoded = (enc, None if state is None else self.decoder.restart(state, beams=1, record=False))
+        return enc, state
+
     def _encode(self, pcm: np.ndarray) -> np.ndarray:
         d = self.dims
         if len(pcm) < d.hop:
@@ -118,7 +131,8 @@ class Whistle:
         return biaser
 
     def _decode(self, pcm: np.ndarray, language: str | None, biaser, beams: int, words: bool,
-                open_end: bool = False, prefix: Sequence[int] = (), draft: Sequence[int] = ()) -> dict:
+                open_end: bool = False, prefix: Sequence[int] = (), draft: Sequence[int] = (),
+                memo: PassMemo | None = None) -> dict:
         """One window (<= 30 s) of speech: encoder, prompt, search, optionally word times.
         open_end: the audio stops mid-speech (a streaming pass before a pause, a long-audio window
         before the last), so no row after the words takes audio from the last word.
@@ -127,14 +141,14 @@ class Whistle:
         tokens and words include them. Needs a language (it is never detected after a prefix).
         draft: a guess of the text tokens after the prefix (a stream's reading of the pass
         before): a greedy search (beams 1, no keywords) checks it in one teacher-forced run
-        (`search.greedy_draft`); the result is the same without it."""
+        (`search.greedy_draft`); the result is the same without it. memo: a stream's `PassMemo`
+        that has checked `pcm` (`hears`): its encoder output and cross-attention K/V are reused."""
         t0 = time.perf_counter()
         d = self.dims
-        enc = self._encode(pcm)
+        enc, state = self._started(pcm, beams, memo)
         if len(enc) == 0:
             return {"tokens": [], "text": "", "language": language or "", "words": [], "ttft": 0.0,
                     "decode_s": 0.0}
-        state = self.decoder.start(enc, beams=beams)
         greedy = beams == 1 and biaser is None
         if greedy and words:
             self.decoder.record(state)  # the word times' weights, as the search feeds the positions
@@ -334,7 +348,8 @@ class Whistle:
                        stats["decode_s"], stats["tokens"], words if word_timestamps else None)
 
     def transcribe_words(self, audio, language: str | None = None, keywords=None, beams: int | None = None,
-                         open_end: bool = False, prefix: str = "", draft: Sequence[int] = ()) -> dict:
+                         open_end: bool = False, prefix: str = "", draft: Sequence[int] = (),
+                         memo: PassMemo | None = None) -> dict:
         """One streaming pass (<= 30 s): {"speech", "language", "text", "words", "tokens"} with word
         times; open_end: the audio stops mid-speech (no pause after it yet); prefix: words the audio
         is known to begin with (a stream's committed words, with a language): read in one teacher-
@@ -342,18 +357,34 @@ class Whistle:
         `tokens` of a reading of the same audio's start (the pass before): a greedy pass (beams=1,
         no keywords) checks them first instead of stepping through them (the text is the same),
         all but their last word (the word the audio cut, which a pass hearing more mostly reads
-        otherwise: stepped through, not checked and then read again)."""
+        otherwise: stepped through, not checked and then read again). memo: the stream's record of
+        its last pass (`streaming.PassMemo`): a pass that hears the same samples reuses its encoder
+        output, and with the same settings its reading (the same result, not computed again)."""
         pcm = self.load_audio(audio)
+        language = self.check_language(language)
+        beams = _check_beams(beams or 5)
+        biaser = self._biaser(keywords)
+        guess = _check_draft(draft, self.dims.text_vocab)
+        settings = (language, tuple(parse_keywords(keywords)), beams, bool(open_end), prefix)
+        if memo is not None and memo.hears(pcm) and memo.settings == settings:
+            return _copy_reading(memo.reading)
+        reading = self._read_words(pcm, language, biaser, beams, open_end, prefix, guess, memo)
+        if memo is not None:
+            memo.settings, memo.reading = settings, reading
+            reading = _copy_reading(reading)
+        return reading
+
+    def _read_words(self, pcm: np.ndarray, language: str | None, biaser, beams: int, open_end: bool,
+                    prefix: str, guess: list[int], memo: PassMemo | None) -> dict:
+        """`transcribe_words` on checked arguments (guess: the draft's token ids)."""
         if not self.is_speech(pcm):
             return {"speech": False, "language": language or "", "text": "", "words": [], "tokens": []}
-        language = self.check_language(language)
         tokens = self.tokenizer.encode(prefix) if prefix and language else []
-        guess = _check_draft(draft, self.dims.text_vocab)
         guess = guess[len(tokens):] if guess[:len(tokens)] == tokens else []
         starts = [i for i, first in enumerate(_word_starts(guess, self.tokenizer)) if first]
         guess = guess[:starts[-1]] if starts else []
-        r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], language, self._biaser(keywords),
-                         _check_beams(beams or 5), True, open_end=open_end, prefix=tokens, draft=guess)
+        r = self._decode(pcm[-int(WINDOW_S * self.dims.rate):], language, biaser, beams, True, open_end=open_end,
+                         prefix=tokens, draft=guess, memo=memo)
         return {"speech": True, "language": r["language"], "text": r["text"], "words": r["words"],
                 "tokens": [int(t) for t in r["tokens"]]}
 
@@ -404,6 +435,11 @@ def _check_draft(draft, text_vocab: int) -> list[int]:
     if any(not 0 <= t < text_vocab for t in ids):
         raise ValueError(f"draft holds ids outside the text ids [0, {text_vocab}): {ids!r}")
     return ids
+
+
+def _copy_reading(reading: dict) -> dict:
+    """A pass's result for its caller: its word dicts and token list its own."""
+    return {**reading, "words": [dict(w) for w in reading["words"]], "tokens": list(reading["tokens"])}
 
 
 def _check_beams(beams) -> int:

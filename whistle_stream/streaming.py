@@ -60,6 +60,30 @@ PREFILL_MIN_WORDS = 12
 INTERIM_BEAMS = 1
 
 
+class PassMemo:
+    """A stream's record of its last pass, which the next pass reuses when it hears the same
+    samples (`Whistle.transcribe_words(memo=)`): the encoder output and the decoder's
+    cross-attention K/V, and the whole reading too when the pass asks for it with the same settings
+    (the engine is deterministic: the same samples and settings give the same reading). The pass
+    that finds a pause mostly hears what the pass before heard (the utterance had ended, and its
+    trailing silence is trimmed from both), and a second reading at the pause often hears what the
+    first did. Nothing else is kept: a pass that hears other samples forgets the last one."""
+
+    def __init__(self):
+        self.pcm: np.ndarray | None = None   # the samples the last pass heard (a copy)
+        self.encoded: tuple | None = None    # (encoder output, a decoder state started on it, nothing fed)
+        self.settings: tuple | None = None   # the reading's settings (language, keywords, beams, open end, prefix)
+        self.reading: dict | None = None     # the reading of those samples with those settings
+
+    def hears(self, pcm: np.ndarray) -> bool:
+        """True when `pcm` is what the last pass heard; otherwise remember these samples instead."""
+        if self.pcm is not None and self.pcm.shape == pcm.shape and np.array_equal(self.pcm, pcm):
+            return True
+        self.pcm = np.array(pcm, np.float32, copy=True)
+        self.encoded = self.settings = self.reading = None
+        return False
+
+
 class StreamSession:
     """One live stream over a shared model. Not thread-safe: feed it from one thread at a time.
 
@@ -108,6 +132,7 @@ class StreamSession:
         self.pass_seconds_total = 0.0
         self._committed_words = 0  # words committed so far: later text pieces open with a space
         self._reading: tuple[int, list[int]] = (-1, [])  # the last pass's buffer start and tokens
+        self._memo = PassMemo()  # what the last pass heard and read, for a pass that hears it again
 
     # ---- checkpoints -----------------------------------------------------------------------
     def checkpoint(self) -> dict:
@@ -298,7 +323,7 @@ class StreamSession:
             result = self.model.transcribe_words(
                 heard[first:last], language=self.language or None, keywords=self.keywords, beams=beams,
                 open_end=gap is None, prefix=self._prefix(offset),
-                draft=tokens if start == self._buffer_start else ())
+                draft=tokens if start == self._buffer_start else (), memo=self._memo)
             self._reading = (self._buffer_start, result.get("tokens", []))
         self.passes += 1
         words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"])
