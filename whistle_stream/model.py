@@ -17,7 +17,7 @@ import numpy as np
 from . import frontend
 from .alignment import _word_starts, sounding_frames, trim_to_sound, word_times
 from .container import CactFile
-from .decoder import Decoder
+from .decoder import Decoder, DecoderState
 from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
@@ -86,17 +86,19 @@ class Whistle:
         audio shorter than one frame gives an empty (0, width) array."""
         return self._encode(self.load_audio(audio))
 
-    def _started(self, pcm: np.ndarray, beams: int, memo: PassMemo | None) -> tuple[np.ndarray, object]:
+    def _started(self, pcm: np.ndarray, beams: int, memo: PassMemo | None) -> tuple[np.ndarray, DecoderState | None]:
         """The encoder output of `pcm` and a decoder state started on it with room for `beams`
-        rows (None when there is no frame); from the memo's when it holds these samples' (its
-        `hears` has checked them), else computed and left in the memo."""
+        rows (None when there is no frame). From the memo's when it holds these samples' (its
+        `hears` has checked them): a fresh state over the cross-attention K/V of the state the
+        pass before started (`Decoder.restart` reads only those, which feeding never changes);
+        else computed, and left in the memo."""
         if memo is not None and memo.encoded is not None:
-            enc, base = memo.encoded
-            return enc, None if base is None else self.decoder.restart(base, beams=beams, record=False)
+            enc, earlier = memo.encoded
+            return enc, None if earlier is None else self.decoder.restart(earlier, beams=beams, record=False)
         enc = self._encode(pcm)
         state = self.decoder.start(enc, beams=beams) if len(enc) else None
         if memo is not None:
-            memo.encoded = (enc, None if state is None else self.decoder.restart(state, beams=1, record=False))
+            memo.encoded = (enc, state)
         return enc, state
 
     def _encode(self, pcm: np.ndarray) -> np.ndarray:

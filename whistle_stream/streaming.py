@@ -72,15 +72,14 @@ class PassMemo:
 
     def __init__(self):
         self.heard: bytes | None = None      # a digest of the samples the last pass heard
-        self.encoded: tuple | None = None    # (encoder output, a decoder state started on it, nothing fed)
+        self.encoded: tuple | None = None    # (encoder output, the decoder state the pass started on it)
         self.settings: tuple | None = None   # the reading's settings (language, keywords, beams, open end, prefix)
         self.reading: dict | None = None     # the reading of those samples with those settings
 
     def hears(self, pcm: np.ndarray) -> bool:
         """True when `pcm` is what the last pass heard; otherwise remember these samples instead."""
         samples = np.ascontiguousarray(pcm, np.float32)
-        heard = hashlib.blake2b(samples.tobytes(), digest_size=32, person=b"whistle-pass").digest() \
-            + len(samples).to_bytes(8, "little")
+        heard = hashlib.blake2b(samples.tobytes(), digest_size=32, person=b"whistle-pass").digest()
         if heard == self.heard:
             return True
         self.heard, self.encoded, self.settings, self.reading = heard, None, None, None
