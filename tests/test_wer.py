@@ -75,3 +75,6 @@ def test_seam_errors_with_the_truth_leave_out_what_the_reference_misread():
     assert seam_errors(ref, lost, seams=[0.7], truth=truth)["dropped"] == [("b", 0.5)]
     doubled = ref[:5] + [{"word": "e", "start": 2.2, "end": 2.4}] + ref[5:]
     assert [w for w, _ in seam_errors(ref, doubled, seams=[2.1], truth=truth)["doubled"]] == ["e"]
+    misread = ref[:5] + [{"word": "z", "start": 2.2, "end": 2.4}] + ref[5:]  # a word nobody said
+    assert seam_errors(ref, misread, seams=[2.1])["doubled"] == [("z", 2.2)]
+    assert seam_errors(ref, misread, seams=[2.1], truth=truth)["doubled"] == []

@@ -103,8 +103,9 @@ def seam_errors(ref: list[dict], hyp: list[dict], seams: list[float], window: fl
 
     truth, [(start, end, text)] of each utterance, keeps out what ref misread rather than what
     hyp lost: a word counts as dropped only if the utterance it falls in says it, and as doubled
-    only if hyp says it there more often than the utterance does (where ref read a sentence as
-    another one, its words are "missing" from a correct hyp)."""
+    only if the utterance says it and hyp says it there more often than the utterance does (where
+    ref read a sentence as another one, its words are "missing" from a correct hyp; a word nobody
+    said there is a misreading, which the WER lines count, not a word read twice)."""
     ref = [w for w in ref if word_key(w["word"])]
     hyp = [w for w in hyp if word_key(w["word"])]
 
@@ -127,7 +128,7 @@ def seam_errors(ref: list[dict], hyp: list[dict], seams: list[float], window: fl
         if words is None:
             return True
         (start, end), key = words[1], word_key(w["word"])
-        return sum(word_key(h["word"]) == key for h in hyp if start - 0.5 <= h["start"] <= end + 0.5) > words[0].count(key)
+        return key in words[0] and sum(word_key(h["word"]) == key for h in hyp if start - 0.5 <= h["start"] <= end + 0.5) > words[0].count(key)
 
     ops = alignment([word_key(w["word"]) for w in ref], [word_key(w["word"]) for w in hyp])
     repeats = [a["start"] for a, b in zip(ref, ref[1:]) if word_key(a["word"]) == word_key(b["word"])]
