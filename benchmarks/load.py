@@ -180,9 +180,20 @@ def percentile(values, q):
 
 
 def _cpu(procs):
+    """CPU seconds of the server processes and their engine worker processes (the machine's when none)."""
     import psutil
-    times = [p.cpu_times() for p in procs] if procs else [psutil.cpu_times()]
-    return sum(t.user + t.system for t in times)
+    if not procs:
+        t = psutil.cpu_times()
+        return t.user + t.system
+    total = 0.0
+    for p in procs:
+        for q in [p] + p.children(recursive=True):
+            try:
+                t = q.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system
+    return total
 
 
 async def run_level(url: str, http_urls: list[str], audio: np.ndarray, n: int, token, server_pids) -> dict:
@@ -249,6 +260,8 @@ def start_server(args, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     cmd += ["--port", "0", "--max-sessions", str(max(args.levels) + 8)]
     if args.workers:
         cmd += ["--workers", str(args.workers)]
+    if args.processes and root == ROOT:   # (another checkout's server may not know the flag)
+        cmd += ["--processes", str(args.processes)]
     proc = subprocess.Popen(cmd, cwd=root, env=env, stderr=subprocess.PIPE, text=True)
     port = None
     deadline = time.monotonic() + 600   # the first start may compile the JIT cache
@@ -470,6 +483,8 @@ def main(argv=None) -> int:
                         "(benchmarks/spoken_tokens.py: a random-weight model's passes cost what a real "
                         "model's would; 4 is about 3 words a second); 0: the model decides")
     p.add_argument("--workers", type=int, help="engine workers for the server started here")
+    p.add_argument("--processes", type=int, help="engine worker processes for this checkout's server "
+                   "(not for --engine's: that one keeps its default)")
     p.add_argument("--fake", action="store_true", help="start the fake engine instead (smoke test)")
     p.add_argument("--fake-pass-s", type=float, default=0.05, help="fake engine seconds per pass")
     p.add_argument("--wav", help="16-bit speech WAV (default: --audio)")

@@ -188,13 +188,30 @@ def main(argv=None) -> int:
     known, rest = ap.parse_known_args(argv)
     if known.vocab < 0:
         ap.error(f"--vocab is a row count (0: the model's own), got {known.vocab}")
-    install(known.tokens_per_second, known.scripted)
-    if known.vocab:
-        shipped_vocabulary(known.vocab)
-    if known.prefill == "off":
-        without_prefill()
+    settings = (known.tokens_per_second, known.scripted, known.vocab, known.prefill)
+    patch(*settings)
     from whistle_stream.service import server
+
+    if hasattr(server, "load_engine"):   # engine worker processes (--processes) get the same patches
+        load_engine = server.load_engine
+
+        def patched_workers(config):
+            if config.processes == 1:
+                return load_engine(config)
+            from whistle_stream.workers import ProcessEngine
+            return ProcessEngine(config.model, processes=config.processes, initializer=patch, initargs=settings)
+
+        server.load_engine = patched_workers
     return server.main(rest) or 0
+
+
+def patch(tokens_per_second: float, scripted: bool, vocab: int, prefill: str) -> None:
+    """Every patch main's options ask for, in this process (the server, or an engine worker)."""
+    install(tokens_per_second, scripted)
+    if vocab:
+        shipped_vocabulary(vocab)
+    if prefill == "off":
+        without_prefill()
 
 
 if __name__ == "__main__":

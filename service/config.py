@@ -24,6 +24,7 @@ class ServiceConfig:
     model: str | None = None                 # path to a .cact; None: default model resolution
     max_sessions: int = 32
     workers: int = field(default_factory=_cores)   # engine threads (kernels release the GIL)
+    processes: int = 1                       # engine worker processes; 1: the engine runs in the server's
     token: str | None = None                 # None: no authentication
     allowed_origins: tuple[str, ...] = ()    # empty: any Origin; requests without Origin always pass
     max_frame_bytes: int = 1 << 20           # 1 MiB: ~16 s of 16 kHz s16le audio in one frame
@@ -49,6 +50,7 @@ class ServiceConfig:
             (0 <= self.port <= 65535, "port must be 0..65535"),
             (self.max_sessions >= 1, "max_sessions must be at least 1"),
             (self.workers >= 1, "workers must be at least 1"),
+            (self.processes >= 1, "processes must be at least 1"),
             (self.max_frame_bytes >= 1024, "max_frame_bytes must be at least 1024"),
             (self.max_session_seconds > 0, "max_session_seconds must be positive"),
             (self.idle_timeout > 0, "idle_timeout must be positive"),
@@ -75,6 +77,7 @@ _HELP = {
     "model": "model file (.cact); default: WHISTLE_MODEL, cached full model, bundled demo",
     "max_sessions": "concurrent sessions; more are refused with close code 1013",
     "workers": "engine worker threads (default: the cores available)",
+    "processes": "engine worker processes, each with its own interpreter (1: the engine runs in the server)",
     "token": "require this token (Authorization: Bearer or ?token=)",
     "allowed_origins": "comma-separated allowed Origin headers (default: any)",
     "max_frame_bytes": "largest binary frame; larger ones close the session with 1009",

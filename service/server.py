@@ -112,6 +112,21 @@ def _response(status: int, body: bytes | str, content_type: str = "text/plain; c
     return Response(status, http.HTTPStatus(status).phrase, headers, body)
 
 
+def load_engine(config: ServiceConfig):
+    """The engine the settings ask for: the model in this process, or served by worker processes."""
+    if config.processes > 1:
+        from whistle_stream.workers import ProcessEngine
+        return ProcessEngine(config.model, processes=config.processes)
+    from whistle_stream import Whistle
+    return Whistle(config.model)
+
+
+def engine_threads(config: ServiceConfig) -> int:
+    """Threads that run engine calls. With worker processes a thread mostly waits on a pipe, and
+    calls for one process wait their turn: enough threads that every process always has one."""
+    return config.workers if config.processes == 1 else max(config.workers, 4 * config.processes)
+
+
 def _warm_signal(rate: int = 16000) -> np.ndarray:
     """1.5 s: silence then a noisy 220 Hz tone, loud enough to pass the §8 silence gate."""
     t = np.arange(int(1.5 * rate)) / rate
@@ -130,8 +145,9 @@ class App:
         self.resume_shared = self.config.resume_secret is not None
         self.resume_secret = (self.config.resume_secret.encode() if self.resume_shared else random_secret())
         self.model = model
+        self._owns_model = model is None   # loaded here, so closed here (worker processes)
         self.metrics = Metrics()
-        self.pool = ThreadPoolExecutor(max_workers=self.config.workers, thread_name_prefix="engine")
+        self.pool = ThreadPoolExecutor(max_workers=engine_threads(self.config), thread_name_prefix="engine")
         self.sessions: set[SessionRunner] = set()
         self.requests_open = 0   # transcription uploads on the engine now
         self.ready = False
@@ -151,8 +167,7 @@ class App:
     def _load_and_warm(self) -> float:
         t0 = time.perf_counter()
         if self.model is None:
-            from whistle_stream import Whistle
-            self.model = Whistle(self.config.model)
+            self.model = load_engine(self.config)
         self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
         # The gate, then one short session through the core's whole pass schedule.
         signal_ = _warm_signal(self.model.dims.rate)
@@ -169,7 +184,7 @@ class App:
         seconds = await self.engine(self._load_and_warm)
         self.ready = True
         log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
-                  workers=self.config.workers, languages=list(self.model.dims.languages))
+                  workers=self.config.workers, processes=self.config.processes, languages=list(self.model.dims.languages))
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -213,6 +228,8 @@ class App:
             self.server.close(close_connections=True)
             await self.server.wait_closed()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self._owns_model and hasattr(self.model, "close"):
+            await asyncio.get_running_loop().run_in_executor(None, self.model.close)
         log_event("closed")
         self._closed.set()
 

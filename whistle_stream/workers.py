@@ -1,0 +1,271 @@
+"""`ProcessEngine`: one model served by engine worker processes, with `Whistle`'s surface.
+
+    engine = ProcessEngine(path, processes=2)
+    stream = engine.open_stream(language="en")   # lives in one worker process for its whole life
+    stream.feed(audio)                            # runs there; the calling thread waits on a pipe
+    engine.close()
+
+A pass is Numba kernels (which release the GIL) between Python bookkeeping (which holds it), so
+two engine threads in one process share the second core with the interpreter's lock. Worker
+processes do not: each holds its own `Whistle` over the same memory-mapped weights and runs the
+streams pinned to it one call at a time. A stream's state stays in its process; only audio in and
+result dicts out cross the pipe. A worker that dies fails the calls of its own streams (with
+`WorkerDied`) and is started again for new ones; other workers' streams never notice.
+
+The silence gate (`is_speech`) needs only the front end and runs in the calling process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import threading
+import traceback
+import weakref
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from . import frontend
+from .container import CactFile
+from .errors import WhistleError
+from .models import resolve_model
+
+
+class WorkerDied(WhistleError, RuntimeError):
+    """The engine worker process holding a stream has exited; the stream is gone."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process
+
+def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> None:
+    """A worker's loop: (op, stream id, args, kwargs, dropped ids) in, (ok, value, passes) out."""
+    from .model import Whistle
+
+    if initializer is not None:
+        initializer(*initargs)
+    model = Whistle(path, audio_depth=audio_depth)
+    streams: dict[int, object] = {}
+    while True:
+        try:
+            op, sid, args, kwargs, dropped = conn.recv()
+        except (EOFError, OSError):
+            return
+        for gone in dropped:
+            streams.pop(gone, None)
+        try:
+            if op == "open":
+                streams[sid] = model.open_stream(*args, **kwargs)
+                value = None
+            elif op == "restore":
+                streams[sid] = model.restore_stream(*args, **kwargs)
+                value = None
+            elif op == "stream":
+                method, *rest = args
+                value = getattr(streams[sid], method)(*rest, **kwargs)
+            elif op in ("transcribe", "warmup"):
+                value = getattr(model, op)(*args, **kwargs)
+            elif op == "stop":
+                conn.send((True, None, 0))
+                return
+            else:
+                raise ValueError(f"unknown worker op {op!r}")
+            reply = (True, value, getattr(streams.get(sid), "passes", 0))
+        except Exception as e:  # the caller re-raises it; the worker and its other streams go on
+            reply = (False, _portable(e), getattr(streams.get(sid), "passes", 0))
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+        except Exception as e:  # a value or exception that does not pickle
+            conn.send((False, RuntimeError(f"worker reply for {op!r} failed to pickle: {e}"), 0))
+
+
+def _portable(error: Exception) -> Exception:
+    """The exception itself when it survives pickling, else a RuntimeError that names it; either
+    carries the worker's traceback as a note (the caller's traceback ends at the pipe)."""
+    error.add_note("in the engine worker process:\n" + "".join(traceback.format_exception(error)))
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        portable = RuntimeError(f"{type(error).__name__}: {error}")
+        portable.__notes__ = list(getattr(error, "__notes__", []))
+        return portable
+
+
+# ---------------------------------------------------------------------------------------------
+# The calling side
+
+class _Worker:
+    """One worker process, its pipe, and the streams pinned to it. Calls are serialised."""
+
+    def __init__(self, context, index: int, *serve_args):
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, *serve_args),
+                                       name=f"whistle-engine-{index}", daemon=True)
+        self.process.start()
+        child.close()
+        self.lock = threading.Lock()
+        self.streams = 0        # open streams pinned here
+        self.busy = 0           # calls waiting or running here
+        self.dropped: deque[int] = deque()   # streams to forget, sent with the next call
+        self.dead = False
+
+    def call(self, op: str, sid: int, args=(), kwargs=None):
+        self.busy += 1
+        try:
+            with self.lock:
+                if self.dead:
+                    raise WorkerDied(f"engine worker {self.process.name} has exited")
+                dropped = [self.dropped.popleft() for _ in range(len(self.dropped))]
+                try:
+                    self.conn.send((op, sid, args, kwargs or {}, dropped))
+                    ok, value, passes = self.conn.recv()
+                except (EOFError, OSError, BrokenPipeError) as e:
+                    self.dead = True
+                    raise WorkerDied(f"engine worker {self.process.name} exited "
+                                     f"(exit code {self.process.exitcode})") from e
+        finally:
+            self.busy -= 1
+        if not ok:
+            raise value
+        return value, passes
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if not self.dead:
+            try:
+                with self.lock:
+                    self.conn.send(("stop", 0, (), {}, []))
+                    self.conn.recv()
+            except (EOFError, OSError):
+                pass
+        self.dead = True
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+        self.conn.close()
+
+
+class RemoteStream:
+    """A `StreamSession` living in a worker process: the same calls, run there."""
+
+    def __init__(self, worker: _Worker, sid: int):
+        self._worker, self._sid, self.passes = worker, sid, 0
+        worker.streams += 1
+        weakref.finalize(self, _forget, worker, sid)
+
+    def _call(self, method: str, *args, **kwargs):
+        value, self.passes = self._worker.call("stream", self._sid, (method, *args), kwargs)
+        return value
+
+    def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict:
+        return self._call("feed", np.ascontiguousarray(audio, dtype=np.float32), catch_up=catch_up)
+
+    def finalize(self) -> dict:
+        return self._call("finalize")
+
+    def finish(self) -> dict:
+        return self._call("finish")
+
+    def checkpoint(self) -> dict:
+        return self._call("checkpoint")
+
+    def configure(self, keywords=None) -> None:
+        return self._call("configure", keywords=keywords)
+
+
+def _forget(worker: _Worker, sid: int) -> None:
+    """A stream proxy was collected: its worker drops the stream with its next call (no I/O here:
+    a finalizer may run on any thread, even one holding the worker's lock)."""
+    worker.streams -= 1
+    worker.dropped.append(sid)
+
+
+class ProcessEngine:
+    """A model served by `processes` worker processes; `Whistle`'s surface for the service.
+
+    ProcessEngine(path=None, processes=2, audio_depth=None, initializer=None, initargs=()): path
+    resolves as `Whistle`'s does; each worker calls initializer(*initargs) (a module-level function)
+    before it loads the model. Streams are pinned to the worker with the fewest open streams;
+    uploads go to the least busy."""
+
+    def __init__(self, path: str | Path | None = None, processes: int = 2, audio_depth: int | None = None,
+                 initializer=None, initargs: tuple = ()):
+        if processes < 1:
+            raise ValueError(f"processes must be at least 1, got {processes}")
+        resolved = resolve_model(path)
+        self.path, self.kind = Path(resolved.path), resolved.kind
+        cact = CactFile(self.path)
+        self.dims, self.tokenizer = cact.dims, cact.tokenizer
+        self.mel = np.ascontiguousarray(cact.mel)
+        self._serve_args = (str(self.path), audio_depth, initializer, tuple(initargs))
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._next_sid = 0
+        self.workers = [self._start(i) for i in range(processes)]
+
+    def _start(self, index: int) -> _Worker:
+        return _Worker(self._context, index, *self._serve_args)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        return self.dims.languages
+
+    def is_speech(self, pcm: np.ndarray) -> bool:
+        """The engine's silence gate (§8), here: it needs only the front end."""
+        d = self.dims
+        return frontend.is_speech(frontend.sanitize(pcm), self.mel, d.rate, d.hop, d.win)
+
+    def _pick(self, key) -> _Worker:
+        """A live worker with the least `key`; a dead one is started again in its place."""
+        with self._lock:
+            for i, w in enumerate(self.workers):
+                if w.dead or not w.process.is_alive():
+                    w.dead = True
+                    self.workers[i] = self._start(i)
+            return min(self.workers, key=key)
+
+    def _new_stream(self, op: str, args, kwargs) -> RemoteStream:
+        worker = self._pick(lambda w: (w.streams, w.busy))
+        with self._lock:
+            self._next_sid += 1
+            sid = self._next_sid
+        worker.call(op, sid, args, kwargs)
+        return RemoteStream(worker, sid)
+
+    def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0) -> RemoteStream:
+        return self._new_stream("open", (), {"language": language, "keywords": keywords, "step_s": step_s})
+
+    def restore_stream(self, state: dict, keywords=None) -> RemoteStream:
+        return self._new_stream("restore", (state,), {"keywords": keywords})
+
+    def transcribe(self, audio, **kwargs) -> dict:
+        """`Whistle.transcribe` on the least busy worker (no `progress` callback across processes)."""
+        if kwargs.get("progress") is not None:
+            raise ValueError("progress callbacks do not cross to a worker process")
+        audio = audio if isinstance(audio, (str, Path, bytes)) else np.asarray(audio)
+        return self._pick(lambda w: (w.busy, w.streams)).call("transcribe", 0, (audio,), kwargs)[0]
+
+    def warmup(self) -> float:
+        """Every worker loads and compiles at once; returns the slowest one's seconds."""
+        with ThreadPoolExecutor(len(self.workers)) as pool:
+            return max(pool.map(lambda w: w.call("warmup", 0)[0], list(self.workers)))
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    def __enter__(self) -> "ProcessEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
