@@ -95,3 +95,19 @@ async def test_sixteen_concurrent_real_sessions_complete_correctly(app, model, s
     expected = engine_messages(model, audio)[-1].text
     clients = await asyncio.wait_for(asyncio.gather(*(stream_clip(app.url, audio) for _ in range(16))), 600)
     assert all(c.text == expected for c in clients)
+
+
+async def test_two_engine_processes_serve_what_the_engine_streams_and_exit_with_the_server(model, speech):
+    """`serve --processes 2`: sessions pinned to two worker processes get exactly the engine's own
+    stream; the workers exit when the server closes."""
+    app = await build_app(config=ServiceConfig(port=0, max_sessions=8, processes=2)).start()
+    try:
+        workers = app.model.workers
+        assert len(workers) == 2 and all(w.process.is_alive() for w in workers)
+        clients = await asyncio.wait_for(asyncio.gather(*(stream_clip(app.url, audio) for audio in speech * 2)), 600)
+        for c, audio in zip(clients, speech * 2):
+            expected = engine_messages(model, audio)
+            assert c.text == expected[-1].text and c.messages[-1].language == expected[-1].language
+    finally:
+        await app.drain()
+    assert not any(w.process.is_alive() for w in workers)

@@ -66,6 +66,8 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
             elif op == "stream":
                 method, *rest = args
                 value = getattr(streams[sid], method)(*rest, **kwargs)
+            elif op == "streams":
+                value = len(streams)
             elif op in ("transcribe", "warmup"):
                 value = getattr(model, op)(*args, **kwargs)
             elif op == "stop":
@@ -254,6 +256,10 @@ class ProcessEngine:
             raise ValueError("progress callbacks do not cross to a worker process")
         audio = audio if isinstance(audio, (str, Path, bytes)) else np.asarray(audio)
         return self._pick(lambda w: (w.busy, w.streams)).call("transcribe", 0, (audio,), kwargs)[0]
+
+    def open_streams(self) -> list[int]:
+        """The streams each worker holds now (after dropping those let go here)."""
+        return [w.call("streams", 0)[0] for w in self.workers]
 
     def warmup(self) -> float:
         """Every worker loads and compiles at once; returns the slowest one's seconds."""

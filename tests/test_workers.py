@@ -1,0 +1,121 @@
+"""Engine worker processes (`whistle_stream.workers.ProcessEngine`): the same results as the model in
+this process, errors by name, and a dead worker costs only its own streams."""
+
+import gc
+
+import numpy as np
+import pytest
+
+from whistle_stream import Whistle
+from whistle_stream.workers import ProcessEngine, WorkerDied
+
+pytestmark = pytest.mark.slow
+
+RATE = 16000
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Whistle()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with ProcessEngine(processes=2) as e:
+        e.warmup()
+        yield e
+
+
+@pytest.fixture(scope="module")
+def speech():
+    """Four held-out sentences, each followed by half a second of silence (commits and pauses)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tools import demo_data
+    return np.concatenate([np.concatenate([a, np.zeros(RATE // 2, np.float32)])
+                           for a, _ in demo_data.test_clips(4, seed=0)])
+
+
+def run(stream, audio, start=0):
+    out = []
+    for i in range(start, len(audio), RATE):
+        out.append(stream.feed(audio[i:i + RATE]))
+    out.append(stream.finish())
+    return [{k: v for k, v in d.items() if k != "pass_ms"} for d in out], stream.passes
+
+
+def test_a_stream_in_a_worker_gives_exactly_what_it_gives_here(model, engine, speech):
+    here, passes = run(model.open_stream(), speech)
+    there, remote_passes = run(engine.open_stream(), speech)
+    assert there == here and remote_passes == passes > 0
+    assert any(d["words"] for d in here)
+
+
+def test_a_checkpoint_restores_in_every_worker(model, engine, speech):
+    local = model.open_stream()
+    for i in range(0, 4 * RATE, RATE):
+        local.feed(speech[i:i + RATE])
+    state = local.checkpoint()
+    start = int(state["buffer_start"])
+    expected, _ = run(model.restore_stream(state), speech, start)
+    # a stream goes to the worker with the fewest streams: one restored stream lands on each
+    restored = [engine.restore_stream(state) for _ in engine.workers]
+    assert {id(s._worker) for s in restored} == {id(w) for w in engine.workers}
+    for s in restored:
+        assert run(s, speech, start)[0] == expected
+
+
+def untimed(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k not in ("ttft_ms", "decode_tps")}
+
+
+def test_uploads_transcribe_as_here(model, engine, speech):
+    there = engine.transcribe(speech[:3 * RATE], word_timestamps=True)
+    assert untimed(there) == untimed(model.transcribe(speech[:3 * RATE], word_timestamps=True))
+    assert there["text"]
+
+
+def test_an_engine_error_is_raised_here_by_name_and_the_worker_goes_on(engine, speech):
+    with pytest.raises(ValueError, match="unknown language 'xx'") as info:
+        engine.open_stream(language="xx")
+    assert any("engine worker process" in note for note in getattr(info.value, "__notes__", []))
+    stream = engine.open_stream()
+    with pytest.raises(TypeError, match="keywords must be a string"):
+        stream.configure(keywords=42)
+    assert "words" in stream.feed(speech[:RATE])
+    assert engine.is_speech(speech[:RATE]) and not engine.is_speech(np.zeros(RATE, np.float32))
+
+
+def test_a_dead_worker_fails_only_its_own_streams_and_is_started_again(engine, model, speech):
+    a, b = engine.open_stream(), engine.open_stream()
+    assert a._worker is not b._worker
+    a.feed(speech[:RATE])
+    b.feed(speech[:RATE])
+    a._worker.process.kill()
+    a._worker.process.join()
+    with pytest.raises(WorkerDied, match="exited"):
+        a.feed(speech[RATE:2 * RATE])
+    rest, _ = run(b, speech, RATE)   # the other worker's stream goes on as if nothing happened
+    fresh = model.open_stream()
+    fresh.feed(speech[:RATE])
+    assert rest == run(fresh, speech, RATE)[0]
+    again, _ = run(engine.open_stream(), speech[:2 * RATE])   # a new stream gets a new worker
+    assert all(w.process.is_alive() for w in engine.workers)
+    assert again == run(model.open_stream(), speech[:2 * RATE])[0]
+
+
+def test_a_stream_let_go_here_is_dropped_there(engine, speech):
+    before = engine.open_streams()
+    streams = [engine.open_stream() for _ in range(6)]
+    for s in streams:
+        s.feed(speech[:RATE])
+    assert sum(engine.open_streams()) == sum(before) + 6
+    del streams, s
+    gc.collect()
+    assert engine.open_streams() == before
+
+
+def test_processes_must_be_at_least_one():
+    with pytest.raises(ValueError, match="processes must be at least 1"):
+        ProcessEngine(processes=0)
