@@ -7,14 +7,24 @@ defaults is in docs/protocol.md ("Limits").
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass, field, fields
 
 from whistle_stream.streaming import MAX_STEP_S, MIN_STEP_S
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+def _cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The CPUs this process may use: its affinity, capped by a cgroup v2 CPU quota (a container's
+    CPU limit: "200000 100000" is 2 CPUs) where there is one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = open(cpu_max).read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
 
 
 @dataclass(frozen=True)
@@ -24,7 +34,7 @@ class ServiceConfig:
     model: str | None = None                 # path to a .cact; None: default model resolution
     max_sessions: int = 32
     workers: int = field(default_factory=_cores)   # engine threads (kernels release the GIL)
-    processes: int = 1                       # engine worker processes; 1: the engine runs in the server's
+    processes: int = field(default_factory=_cores)  # engine worker processes; 1: the engine runs in the server
     token: str | None = None                 # None: no authentication
     allowed_origins: tuple[str, ...] = ()    # empty: any Origin; requests without Origin always pass
     max_frame_bytes: int = 1 << 20           # 1 MiB: ~16 s of 16 kHz s16le audio in one frame
@@ -77,7 +87,8 @@ _HELP = {
     "model": "model file (.cact); default: WHISTLE_MODEL, cached full model, bundled demo",
     "max_sessions": "concurrent sessions; more are refused with close code 1013",
     "workers": "engine worker threads (default: the cores available)",
-    "processes": "engine worker processes, each with its own interpreter (1: the engine runs in the server)",
+    "processes": "engine worker processes, each with its own interpreter; 1: the engine runs in the server "
+                 "(default: the cores available, a container's CPU limit included)",
     "token": "require this token (Authorization: Bearer or ?token=)",
     "allowed_origins": "comma-separated allowed Origin headers (default: any)",
     "max_frame_bytes": "largest binary frame; larger ones close the session with 1009",

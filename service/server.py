@@ -184,7 +184,7 @@ class App:
         seconds = await self.engine(self._load_and_warm)
         self.ready = True
         log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
-                  workers=self.config.workers, processes=self.config.processes, languages=list(self.model.dims.languages))
+                  workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1, languages=list(self.model.dims.languages))
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property

@@ -3,6 +3,7 @@
 import argparse
 import asyncio
 import json
+import os
 import signal
 
 import numpy as np
@@ -42,6 +43,19 @@ def test_every_setting_has_a_flag_and_an_environment_variable():
 def test_bad_settings_are_refused_with_the_setting_named(argv, env, needle):
     with pytest.raises(ValueError, match=needle):
         parse(argv, env)
+
+
+@pytest.mark.parametrize("cpu_max, cores", [("200000 100000\n", 2), ("50000 100000\n", 1), ("150000 100000", 2),
+                                             ("max 100000\n", None), (None, None)])
+def test_the_default_engine_processes_follow_a_containers_cpu_limit(tmp_path, cpu_max, cores):
+    """Engine processes and threads default to the CPUs the process may use: in a container with a
+    CPU limit (cgroup v2 cpu.max) that limit, not the node's cores."""
+    from whistle_stream.service.config import _cores
+    path = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        path.write_text(cpu_max)
+    affinity = len(os.sched_getaffinity(0))
+    assert _cores(str(path)) == (affinity if cores is None else min(cores, affinity))
 
 
 def pcm(seconds, seed=0):
