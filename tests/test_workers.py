@@ -119,3 +119,42 @@ def test_a_stream_let_go_here_is_dropped_there(engine, speech):
 def test_processes_must_be_at_least_one():
     with pytest.raises(ValueError, match="processes must be at least 1"):
         ProcessEngine(processes=0)
+
+
+def test_ctrl_c_reaches_the_server_not_its_workers(engine, speech):
+    """A terminal's Ctrl-C signals the whole process group; the server drains its sessions through
+    the workers, so they must not die of it."""
+    import os
+    import signal
+    stream = engine.open_stream()
+    for w in engine.workers:
+        os.kill(w.process.pid, signal.SIGINT)
+    assert "words" in stream.feed(speech[:RATE])
+    assert all(w.process.is_alive() for w in engine.workers)
+
+
+def test_workers_exit_when_their_server_is_killed(tmp_path):
+    """A server killed outright (SIGKILL, the OOM killer) leaves no engine workers behind: each
+    sees its pipe close and exits."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    script = ("from whistle_stream.workers import ProcessEngine\n"
+              "e = ProcessEngine(processes=2)\n"
+              "e.open_stream()\n"
+              "print(' '.join(str(w.process.pid) for w in e.workers), flush=True)\n"
+              "import time; time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                              for p in pids):
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)

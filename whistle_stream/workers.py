@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import signal
 import threading
 import traceback
 import weakref
@@ -45,6 +46,9 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
     """A worker's loop: (op, stream id, args, kwargs, dropped ids) in, (ok, value, passes) out."""
     from .model import Whistle
 
+    # Ctrl-C in a terminal reaches the whole process group: the server drains its sessions then,
+    # through this worker, which must go on until the server stops it (or its pipe closes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer(*initargs)
     model = Whistle(path, audio_depth=audio_depth)
