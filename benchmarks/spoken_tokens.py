@@ -14,6 +14,7 @@ The search, the decoder and everything else are the engine's own.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -193,15 +194,7 @@ def main(argv=None) -> int:
     from whistle_stream.service import server
 
     if hasattr(server, "load_engine"):   # engine worker processes (--processes) get the same patches
-        load_engine = server.load_engine
-
-        def patched_workers(config):
-            if config.processes == 1:
-                return load_engine(config)
-            from whistle_stream.workers import ProcessEngine
-            return ProcessEngine(config.model, processes=config.processes, initializer=patch, initargs=settings)
-
-        server.load_engine = patched_workers
+        server.load_engine = functools.partial(server.load_engine, initializer=patch, initargs=settings)
     return server.main(rest) or 0
 
 

@@ -16,12 +16,11 @@ import numpy as np
 
 from . import frontend
 from .alignment import _word_starts, sounding_frames, trim_to_sound, word_times
-from .container import CactFile
 from .decoder import Decoder, DecoderState
 from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
-from .models import resolve_model
+from .models import ModelFile
 from .rules import WINDOW_S
 from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import PassMemo, sound_span
@@ -30,7 +29,7 @@ from .streaming import PassMemo, sound_span
 PREFIX_ROOM = 64
 
 
-class Whistle:
+class Whistle(ModelFile):
     """A loaded Whistle model.
 
     Whistle(path=None, audio_depth=None): path to a .cact (None resolves the default model:
@@ -39,36 +38,17 @@ class Whistle:
     """
 
     def __init__(self, path: str | Path | None = None, audio_depth: int | None = None):
-        resolved = resolve_model(path)
-        self.path = Path(resolved.path)
-        self.kind = resolved.kind
-        self.cact = CactFile(self.path)
-        self.dims = self.cact.dims
-        self.tokenizer = self.cact.tokenizer
-        self.mel = np.ascontiguousarray(self.cact.mel)
+        super().__init__(path)
         self.encoder = Encoder(self.cact)
         self.decoder = Decoder(self.cact, depth=audio_depth)
         self._special = [i for i in range(self.dims.vocab) if self.tokenizer.is_special(i)]
         self._biasers: dict[tuple[str, ...], KeywordBiaser] = {}
         self._biaser_lock = threading.Lock()
 
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def languages(self) -> tuple[str, ...]:
-        return self.dims.languages
-
     # ---- audio -----------------------------------------------------------------------------
     def load_audio(self, audio, rate: int | None = None) -> np.ndarray:
         """float32 16 kHz mono samples from an array (float or int16), a WAV path or WAV bytes."""
         return frontend.load_audio(audio, rate)
-
-    def is_speech(self, pcm: np.ndarray) -> bool:
-        """The engine's silence gate (§8) on float32 samples at the model rate."""
-        d = self.dims
-        return frontend.is_speech(frontend.sanitize(pcm), self.mel, d.rate, d.hop, d.win)
 
     def check_language(self, language: str | None) -> str | None:
         if language is None:

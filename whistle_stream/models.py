@@ -18,6 +18,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
+from . import frontend
+from .container import CactFile
 from .errors import DownloadError, ModelNotFoundError
 
 # The published full model (Hugging Face `Cactus-Compute/whistle`); the only place these live.
@@ -98,6 +102,34 @@ def resolve_model(path: str | os.PathLike | None = None) -> ResolvedModel:
     if demo is not None:
         return ResolvedModel(demo, "demo")
     raise ModelNotFoundError(f"no model found and this install bundles no demo model; {_how_to_get_a_model()}")
+
+
+class ModelFile:
+    """A resolved model file, opened: what every engine over it shares (its name, kind, dims,
+    tokenizer and the front end's silence gate), without the encoder and decoder (no Numba here).
+    `Whistle` runs the model in this process; `workers.ProcessEngine` serves it from others."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        resolved = resolve_model(path)
+        self.path = Path(resolved.path)
+        self.kind = resolved.kind
+        self.cact = CactFile(self.path)
+        self.dims = self.cact.dims
+        self.tokenizer = self.cact.tokenizer
+        self.mel = np.ascontiguousarray(self.cact.mel)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        return self.dims.languages
+
+    def is_speech(self, pcm: np.ndarray) -> bool:
+        """The engine's silence gate (§8) on float32 samples at the model rate."""
+        d = self.dims
+        return frontend.is_speech(frontend.sanitize(pcm), self.mel, d.rate, d.hop, d.win)
 
 
 def _existing(path: Path, what: str) -> Path:

@@ -12,11 +12,13 @@ streams pinned to it one call at a time. A stream's state stays in its process; 
 result dicts out cross the pipe. A worker that dies fails the calls of its own streams (with
 `WorkerDied`) and is started again for new ones; other workers' streams never notice.
 
-The silence gate (`is_speech`) needs only the front end and runs in the calling process.
+The silence gate (`is_speech`, `models.ModelFile`'s) needs only the front end and runs in the
+calling process.
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import pickle
 import signal
@@ -29,10 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import frontend
-from .container import CactFile
 from .errors import WhistleError
-from .models import resolve_model
+from .models import ModelFile
 
 
 class WorkerDied(WhistleError, RuntimeError):
@@ -131,7 +131,7 @@ class _Worker:
                 try:
                     self.conn.send((op, sid, args, kwargs or {}, dropped))
                     ok, value, passes = self.conn.recv()
-                except (EOFError, OSError, BrokenPipeError) as e:
+                except (EOFError, OSError) as e:
                     self.dead = True
                     raise WorkerDied(f"engine worker {self.process.name} exited "
                                      f"(exit code {self.process.exitcode})") from e
@@ -192,7 +192,7 @@ def _forget(worker: _Worker, sid: int) -> None:
     worker.dropped.append(sid)
 
 
-class ProcessEngine:
+class ProcessEngine(ModelFile):
     """A model served by `processes` worker processes; `Whistle`'s surface for the service.
 
     ProcessEngine(path=None, processes=2, audio_depth=None, initializer=None, initargs=()): path
@@ -204,32 +204,15 @@ class ProcessEngine:
                  initializer=None, initargs: tuple = ()):
         if processes < 1:
             raise ValueError(f"processes must be at least 1, got {processes}")
-        resolved = resolve_model(path)
-        self.path, self.kind = Path(resolved.path), resolved.kind
-        cact = CactFile(self.path)
-        self.dims, self.tokenizer = cact.dims, cact.tokenizer
-        self.mel = np.ascontiguousarray(cact.mel)
+        super().__init__(path)   # here: the name, dims and silence gate, not the encoder or decoder
         self._serve_args = (str(self.path), audio_depth, initializer, tuple(initargs))
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
-        self._next_sid = 0
+        self._sids = itertools.count(1)
         self.workers = [self._start(i) for i in range(processes)]
 
     def _start(self, index: int) -> _Worker:
         return _Worker(self._context, index, *self._serve_args)
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def languages(self) -> tuple[str, ...]:
-        return self.dims.languages
-
-    def is_speech(self, pcm: np.ndarray) -> bool:
-        """The engine's silence gate (§8), here: it needs only the front end."""
-        d = self.dims
-        return frontend.is_speech(frontend.sanitize(pcm), self.mel, d.rate, d.hop, d.win)
 
     def _pick(self, key) -> _Worker:
         """A live worker with the least `key`; a dead one is started again in its place."""
@@ -241,10 +224,7 @@ class ProcessEngine:
             return min(self.workers, key=key)
 
     def _new_stream(self, op: str, args, kwargs) -> RemoteStream:
-        worker = self._pick(lambda w: (w.streams, w.busy))
-        with self._lock:
-            self._next_sid += 1
-            sid = self._next_sid
+        worker, sid = self._pick(lambda w: (w.streams, w.busy)), next(self._sids)
         worker.call(op, sid, args, kwargs)
         return RemoteStream(worker, sid)
 
