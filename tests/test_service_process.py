@@ -38,6 +38,8 @@ def test_every_setting_has_a_flag_and_an_environment_variable():
 @pytest.mark.parametrize("argv, env, needle", [
     (["--port", "eighty"], {}, "--port"),
     ([], {"WHISTLE_WORKERS": "0"}, "workers"),
+    (["--processes", "0"], {}, "processes must be at least 1"),
+    (["--processes", "two"], {}, "--processes"),
     (["--vad-aggressiveness", "4"], {}, "vad_aggressiveness"),
 ])
 def test_bad_settings_are_refused_with_the_setting_named(argv, env, needle):
