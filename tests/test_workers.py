@@ -159,3 +159,30 @@ def test_workers_exit_when_their_server_is_killed(tmp_path):
                                               for p in pids):
         time.sleep(0.1)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def test_closing_does_not_wait_for_a_busy_worker(speech):
+    """A worker busy past the timeout (a first start compiling, a long upload) is killed, not
+    waited for; its caller gets WorkerDied."""
+    import threading
+    import time
+    engine = ProcessEngine(processes=1)
+    long = np.tile(speech, 60)   # 20 minutes of audio: seconds to transcribe, far over the timeout
+    errors = []
+
+    def upload():
+        try:
+            engine.transcribe(long)
+        except WorkerDied as e:
+            errors.append(e)
+
+    caller = threading.Thread(target=upload)
+    caller.start()
+    while not engine.workers[0].busy:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    engine.workers[0].stop(timeout=0.5)
+    caller.join(30)
+    assert time.monotonic() - t0 < 10 and not caller.is_alive() and errors
+    assert not engine.workers[0].process.is_alive()

@@ -142,13 +142,16 @@ class _Worker:
         return value, passes
 
     def stop(self, timeout: float = 5.0) -> None:
-        if not self.dead:
+        """Ask the worker to exit; one still busy after `timeout` (a first start compiling the
+        kernels, say) is killed instead of waited for."""
+        if not self.dead and self.lock.acquire(timeout=timeout):
             try:
-                with self.lock:
-                    self.conn.send(("stop", 0, (), {}, []))
-                    self.conn.recv()
+                self.conn.send(("stop", 0, (), {}, []))
+                self.conn.recv()
             except (EOFError, OSError):
                 pass
+            finally:
+                self.lock.release()
         self.dead = True
         self.process.join(timeout)
         if self.process.is_alive():
