@@ -182,7 +182,14 @@ class App:
 
     async def warm(self) -> None:
         """Load the model if none was given and run one short pass so the JIT is compiled."""
-        seconds = await self.engine(self._load_and_warm)
+        try:
+            seconds = await self.engine(self._load_and_warm)
+        except Exception as e:
+            if not self.draining:
+                raise
+            # stopped during start-up: the drain closed the engine (its workers) under the warm-up
+            log_event("warm_interrupted", detail=f"{type(e).__name__}: {e}"[:300])
+            return
         self.ready = True
         log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
                   workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1, languages=list(self.model.dims.languages))

@@ -678,3 +678,29 @@ async def test_uploads_in_progress_count_against_capacity_for_live_sessions():
     finally:
         app.requests_open = 0
         await app.drain()
+
+
+async def test_a_stop_during_start_up_ends_the_warm_up_quietly():
+    """SIGTERM or Ctrl-C while the engine still warms up: the drain closes the engine under the
+    warm-up, whose failure then ends the start-up without an error (not a traceback and exit 1)."""
+    import threading
+    release = threading.Event()
+
+    class Stopped(FakeWhistle):
+        def warmup(self):
+            release.wait(10)
+            raise RuntimeError("the engine was closed under the warm-up")
+
+    app = await build_app(Stopped(), ServiceConfig(port=0)).start(warm=False)
+    warming = asyncio.ensure_future(app.warm())
+    await asyncio.sleep(0.05)
+    await app.drain()
+    release.set()
+    await asyncio.wait_for(warming, 10)   # returns: no exception
+    assert not app.ready
+
+    failing = await build_app(Stopped(), ServiceConfig(port=0)).start(warm=False)
+    release.set()
+    with pytest.raises(RuntimeError, match="closed under the warm-up"):   # not stopping: it is an error
+        await failing.warm()
+    await failing.drain()

@@ -144,7 +144,8 @@ class _Worker:
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; one still busy after `timeout` (a first start compiling the
         kernels, say) is killed instead of waited for."""
-        if not self.dead and self.lock.acquire(timeout=timeout):
+        asked = not self.dead and self.lock.acquire(timeout=timeout)
+        if asked:
             try:
                 self.conn.send(("stop", 0, (), {}, []))
                 self.conn.recv()
@@ -153,7 +154,8 @@ class _Worker:
             finally:
                 self.lock.release()
         self.dead = True
-        self.process.join(timeout)
+        if asked:
+            self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout)
