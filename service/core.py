@@ -50,8 +50,8 @@ class EngineStream(Protocol):
 
     def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict: ...
     def checkpoint(self) -> dict: ...   # JSON-able; "buffer_start" and "received": stream samples at 16 kHz
-    def finalize(self) -> dict: ...
-    def finish(self) -> dict: ...
+    def finalize(self, audio: np.ndarray | None = None) -> dict: ...   # audio: fed first, its passes left to the finalize
+    def finish(self, audio: np.ndarray | None = None) -> dict: ...
     def configure(self, keywords=None) -> None: ...
 
 
@@ -402,6 +402,10 @@ class SessionCore:
                     continue
                 if isinstance(item, Mark) and pending and i + 1 < len(work) and isinstance(work[i + 1], Feed):
                     continue   # more audio follows: one feed for all of it, sealed at a later mark
+                if pending and isinstance(item, (SpeechEnded, FinalizeNow, FinishNow)) and not getattr(item, "suspend", False):
+                    out += self._feed(pending, then=item)   # the utterance's last audio and its end: one engine call
+                    pending = []
+                    continue
                 if pending:
                     out += self._feed(pending)
                     pending = []
@@ -427,14 +431,16 @@ class SessionCore:
         return [dataclasses.replace(m, resume=token, replay_from=round(replay_from, 6))
                 if isinstance(m, (P.Committed, P.Final)) else m for m in messages]
 
-    def _run(self, item: Work) -> list[P.ServerMessage]:
+    def _run(self, item: Work, audio: np.ndarray | None = None) -> list[P.ServerMessage]:
+        """One work item that is not a feed; `audio`: the speech fed just before an utterance's
+        end (SpeechEnded, FinalizeNow, FinishNow), handed to the engine's finalize with it."""
         if isinstance(item, SpeechEnded):
             if not self._utterance_fed:
                 return []
             self._utterance_fed = False
-            return self._publish(self.stream.finalize(), end_of_speech=True)
+            return self._publish(self.stream.finalize(audio), end_of_speech=True)
         if isinstance(item, FinalizeNow):
-            return self._publish(self.stream.finalize(), final="finalize")
+            return self._publish(self.stream.finalize(audio), final="finalize")
         if isinstance(item, Reconfigure):
             try:
                 self.stream.configure(keywords=list(item.keywords))
@@ -444,27 +450,31 @@ class SessionCore:
         if isinstance(item, FinishNow):
             if item.suspend:
                 return self.session.final(None, item.reason)
-            return self._publish(self.stream.finish(), final=item.reason)
+            return self._publish(self.stream.finish(audio), final=item.reason)
         raise TypeError(f"not a work item: {item!r}")
 
-    def _feed(self, chunks: list[Chunk]) -> list[P.ServerMessage]:
+    def _feed(self, chunks: list[Chunk], then: Work | None = None) -> list[P.ServerMessage]:
+        """Speech chunks to the engine; `then`: the utterance's end that follows them (its
+        finalize takes the audio, `StreamSession.finalize(audio)`)."""
         refill = [c for c in chunks if c.refill]
         if refill:
             self._refill(refill)
             chunks = [c for c in chunks if not c.refill]
             if not chunks:
-                return []
+                return self._run(then) if then is not None else []
         if not self._utterance_fed and self.config.vad:
             # §8: the engine's gate judges an utterance's first audio; later chunks of an
             # utterance that has begun always reach the engine (a quiet word inside a sentence).
             first = next((i for i, c in enumerate(chunks) if self.engine.is_speech(c.audio)), None)
             if first is None:
-                return []
+                return self._run(then) if then is not None else []
             chunks = chunks[first:]
         for c in chunks:
             self.time_map.add(c)
         self._utterance_fed = True
         audio = chunks[0].audio if len(chunks) == 1 else np.concatenate([c.audio for c in chunks])
+        if then is not None:
+            return self._run(then, audio)
         behind = self._behind(chunks)
         if behind:
             self.observer.caught_up()

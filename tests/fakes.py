@@ -41,6 +41,7 @@ class FakeStream:
         self.closed = False
         self.feeds = []            # lengths of every feed call, for tests
         self.catch_ups = 0         # feed calls asked to catch up (SessionCore._behind)
+        self.finals = []           # samples each finalize/finish call was given with it, for tests
 
     def _words_heard(self) -> int:
         return int(self.passed / self.model.dims.rate / self.model.word_s)
@@ -86,15 +87,19 @@ class FakeStream:
         commit_to = max(self.committed, self._words_heard() - self.model.tail)
         return self._result(commit_to, pass_ms)
 
-    def finalize(self) -> dict:
+    def finalize(self, audio: np.ndarray | None = None) -> dict:
+        self.finals.append(0 if audio is None else len(audio))
+        if audio is not None:   # fed without its passes: the finalize's one pass reads it all
+            self.feeds.append(len(audio))
+            self.received += len(audio)
         pass_ms = 0.0
         if self.received > self.passed:
             self.passed = self.received
             pass_ms = self._pass()
         return self._result(self._words_heard(), pass_ms)
 
-    def finish(self) -> dict:
-        d = self.finalize()
+    def finish(self, audio: np.ndarray | None = None) -> dict:
+        d = self.finalize(audio)
         self.closed = True
         return d
 

@@ -140,6 +140,25 @@ def test_finalize_commits_everything_and_answers_final_then_the_session_goes_on(
     assert more[-1].reason == "close" and more[-1].seq >= out[-1].seq
 
 
+def test_the_last_audio_of_an_utterance_reaches_the_engine_with_its_end():
+    # the audio the path held back goes to the engine's finalize with it, not in a feed of its own
+    # (whose passes the finalize would read again at once): at the end of speech, a finalize, a close
+    core, model = open_core()
+    send(core, voiced(1.5))
+    out = send(core, np.zeros(RATE, np.float32))
+    stream = model.streams[0]
+    assert any(m.end_of_speech for m in committed(out))
+    assert len(stream.finals) == 1 and stream.finals[0] > 0
+    assert sum(stream.feeds) == stream.received
+    send(core, voiced(1.3))
+    core.control('{"type": "finalize"}')
+    assert len(stream.finals) == 2 and stream.finals[-1] > 0
+    send(core, voiced(1.4))
+    final = core.finish("close")[-1]
+    assert final.reason == "close" and stream.closed
+    assert len(stream.finals) == 3 and stream.finals[-1] > 0
+
+
 def test_a_keyword_the_engine_refuses_is_an_error_and_the_old_ones_stay():
     core, model = open_core()
 

@@ -583,3 +583,66 @@ def test_catching_up_never_lets_a_pass_hear_more_than_the_buffer_bound():
     assert words == [t[0] for t in truth]
     assert max(session.model.passes) <= MAX_BUFFER_S
     assert session.passes < 40
+
+
+def test_finalize_with_the_last_audio_skips_the_pass_it_would_read_again():
+    # 2.5 s fed, then 1.2 s more with the finalize: fed first, a pass would run at 3.0 s and the
+    # finalize read on to 3.7 s at once; given to the finalize, only its own pass reads it
+    audio, truth = scripted_audio(8, seed=5, pause=(0.1, 0.2))
+    head, tail = audio[: int(2.5 * RATE)], audio[int(2.5 * RATE): int(3.7 * RATE)]
+    apart = StreamSession(FakeModel())
+    apart.feed(head)
+    words = [w["word"] for w in apart.feed(tail)["words"]] + [w["word"] for w in apart.finalize()["words"]]
+    joined = StreamSession(FakeModel())
+    joined.feed(head)
+    together = [w["word"] for w in joined.finalize(tail)["words"]]
+    assert together == words and len(words) >= 3
+    assert joined.passes == apart.passes - 1
+    assert joined.model.passes[-1] == apart.model.passes[-1]   # the same audio read last
+    # the stream goes on on its step grid: its next pass is where the other's is
+    more = audio[int(3.7 * RATE): int(6.2 * RATE)]
+    ends = {}
+    for name, s in (("apart", apart), ("joined", joined)):
+        got = []
+        s.on_pass = lambda d, got=got: got.append(d["received"])
+        s.feed(more)
+        ends[name] = got
+    assert ends["joined"] == ends["apart"] == [4.0, 5.0, 6.0]
+
+
+def test_finalize_with_audio_still_hears_an_utterance_that_ended_inside_it():
+    # 8 s at once into a finalize, with a 1.5 s pause inside: the utterance before the pause is
+    # heard alone (its pass at the step end after the pause), the rest by the finalize; the words
+    # are those of feeding the audio and then finalizing, with fewer passes
+    audio, truth = scripted_audio(14, seed=9)
+    cuts = (RATE, 9 * RATE, len(audio))
+    apart, joined = StreamSession(FakeModel()), StreamSession(FakeModel())
+    words = {"apart": [], "joined": []}
+    for s in (apart, joined):
+        s.feed(audio[: cuts[0]])
+    for a, b in zip(cuts, cuts[1:]):
+        words["apart"] += apart.feed(audio[a:b])["words"] + apart.finalize()["words"]
+        words["joined"] += joined.finalize(audio[a:b])["words"]
+    assert [w["word"] for w in words["joined"]] == [w["word"] for w in words["apart"]]
+    assert [w["word"].rstrip(".") for w in words["joined"][:7]] == [t[0] for t in truth[:7]]
+    assert any(0.0 < p < 8.0 for p in joined.model.passes[1:])   # the first utterance, alone
+    assert joined.passes < apart.passes
+
+
+def test_finalize_with_audio_keeps_a_pass_within_the_buffer_bound():
+    # 40 s of speech without a pause given to one finalize: passes cut the buffer on the way
+    audio, truth = scripted_audio(120, seed=7, pause=(0.02, 0.04), length=(0.25, 0.35))
+    session = StreamSession(FakeModel())
+    words = [w["word"].rstrip(".") for w in session.finish(audio)["words"]]
+    assert words == [t[0] for t in truth]
+    assert max(session.model.passes) <= MAX_BUFFER_S
+
+
+def test_a_finalize_right_after_a_pass_that_stopped_at_a_pause_reads_what_follows():
+    # the pass at 9.0 s reads the utterance up to the pause at 7.4-7.9 s again (its second reading)
+    # and leaves w8 (7.9-8.5 s) unread; a finalize at once must read it, not cut it away
+    audio, truth = scripted_audio(14, seed=9)
+    session = StreamSession(FakeModel())
+    words = [w["word"] for w in session.feed(audio[: 9 * RATE])["words"]]
+    words += [w["word"] for w in session.finalize()["words"]]
+    assert [w.rstrip(".") for w in words[:9]] == [t[0] for t in truth[:9]]

@@ -38,10 +38,13 @@ def speech():
 
 
 def run(stream, audio, start=0):
+    """Feed in 1 s pieces; the last 2.5 s go with a finalize and the finish (`finalize(audio)`)."""
     out = []
-    for i in range(start, len(audio), RATE):
-        out.append(stream.feed(audio[i:i + RATE]))
-    out.append(stream.finish())
+    a, b = len(audio) - int(2.5 * RATE), len(audio) - int(1.2 * RATE)
+    for i in range(start, a, RATE):
+        out.append(stream.feed(audio[i:min(i + RATE, a)]))
+    out.append(stream.finalize(audio[a:b]))
+    out.append(stream.finish(audio[b:]))
     return [{k: v for k, v in d.items() if k != "pass_ms"} for d in out], stream.passes
 
 

@@ -127,6 +127,7 @@ class StreamSession:
         self._buffer_start = 0  # samples since the stream start
         self._received = 0  # samples
         self._next_pass = self.step  # sample count at which the next pass runs
+        self._heard_to = 0  # the sample the last pass heard up to (its end, or the pause it stopped at)
         self._pending: list[Word] = []
         self._speech_level = 0.0  # frame RMS (90th percentile) of the last pass that heard speech
         self._pause_at: int | None = None  # an utterance end (sample) waiting for a second reading
@@ -142,7 +143,7 @@ class StreamSession:
         `buffer_start_s` on fed again, a new stream continues exactly as this one would. Passes do
         not run again on the re-fed audio: the next pass is where this stream's next pass is."""
         return {"v": 1, "rate": int(self.rate), "step": int(self.step), "buffer_start": int(self._buffer_start),
-                "received": int(self._received), "next_pass": int(self._next_pass),
+                "received": int(self._received), "next_pass": int(self._next_pass), "heard_to": int(self._heard_to),
                 "speech_level": float(self._speech_level),
                 "pause_at": None if self._pause_at is None else int(self._pause_at), "language": self.language,
                 "revision": int(self.revision), "committed_words": int(self._committed_words),
@@ -167,6 +168,7 @@ class StreamSession:
             session.language = model.check_language(forced) if forced else ""
             session._buffer_start = session._received = int(state["buffer_start"])
             session._next_pass = int(state["next_pass"])
+            session._heard_to = int(state.get("heard_to", session._next_pass - session.step))
             session._speech_level = float(state["speech_level"])
             session._pause_at = None if state.get("pause_at") is None else int(state["pause_at"])
             session.revision = int(state["revision"])
@@ -198,9 +200,7 @@ class StreamSession:
         then come as often as the machine allows instead of queueing. Without it (the default)
         the passes do not depend on how the audio was chunked."""
         self._check_open()
-        samples = self.model.load_audio(audio)
-        self._buffer = np.concatenate([self._buffer, samples])
-        self._received += len(samples)
+        self._append(audio)
         out = self._empty()
         while self._received >= self._next_pass:
             since = self._last_pass_end()
@@ -230,30 +230,60 @@ class StreamSession:
         ends in its newest `new` samples (the audio since the pass before), or None."""
         return last_pause(audio, self.rate, len(audio) - new, leading=False)
 
-    def finalize(self) -> dict:
-        """Commit the pending tail now (end of an utterance) and keep streaming."""
+    def finalize(self, audio=None) -> dict:
+        """Commit the pending tail now (end of an utterance) and keep streaming.
+
+        audio: the utterance's last audio, appended first: `feed(audio)` then `finalize()` in
+        one call, without the passes the feed would run only for the finalize to read the same
+        utterance again at once (a pass at a step end runs where it would find an utterance's end,
+        as with feed's catch_up, and where the buffer must be cut; not at the newest step end)."""
         self._check_open()
         out = self._empty()
+        if audio is not None:
+            self._append(audio)
+            self._passes_before_end(out)
         if self._pause_at is not None:  # an utterance end waiting for a second reading: final now
             self._commit(self.policy.commit_through(self._pause_at / self.rate), out)
             self._cut_utterance(self._pause_at)
             self._pause_at = None
-        if self._received > self._last_pass_end():
+        if self._received > self._heard_to:
             start = -1
             # A pass that ends an utterance at a pause hears only the audio before it; the rest of
             # the buffer (the start of the next utterance) gets its own pass before the flush.
             while start != self._buffer_start and np.any(np.abs(self._buffer) >= DIGITAL_SILENCE):
                 start = self._buffer_start
-                self._pass_and_report(self._received, out, closing=True)
+                self._pass_and_report(self._received, out, closing=True, since=self._last_pass_end())
         self._commit(self.policy.flush(), out)
         self._cut_utterance(self._received)
+        if self._next_pass <= self._received:  # passes skipped before the end: the grid goes on after it
+            self._next_pass += (self._received - self._next_pass) // self.step * self.step + self.step
         return self._finish_dict(out)
 
-    def finish(self) -> dict:
-        """Commit everything and close the stream."""
-        out = self.finalize()
+    def finish(self, audio=None) -> dict:
+        """Commit everything and close the stream (audio: its last audio, as `finalize` takes it)."""
+        out = self.finalize(audio)
         self.closed = True
         return out
+
+    def _append(self, audio) -> None:
+        samples = self.model.load_audio(audio)
+        self._buffer = np.concatenate([self._buffer, samples])
+        self._received += len(samples)
+
+    def _passes_before_end(self, out: dict) -> None:
+        """The passes of `finalize(audio)` before its own: at the step ends `_catch_up_end` picks
+        short of the newest one (an utterance ends there, the buffer must be cut first, or a reading
+        waits for its second pass at a pause). The newest step's pass is left to
+        the finalize, which reads on to the end of the audio, when the buffer fits one pass."""
+        while self._received >= self._next_pass:
+            newest = self._next_pass + (self._received - self._next_pass) // self.step * self.step
+            end = self._catch_up_end()
+            if end >= newest and self._received - self._buffer_start <= int(MAX_BUFFER_S * self.rate):
+                return
+            since = self._last_pass_end()
+            self._next_pass = end
+            self._pass_and_report(end, out, since=since)
+            self._next_pass += self.step
 
     @property
     def received_s(self) -> float:
@@ -327,6 +357,8 @@ class StreamSession:
                 open_end=gap is None, prefix=self._prefix(offset),
                 draft=tokens if start == self._buffer_start else (), memo=self._memo)
             self._reading = (self._buffer_start, result.get("tokens", []))
+        # what this pass heard: a pass that ends an utterance at a pause leaves what follows unread
+        self._heard_to = end if gap is None else self._buffer_start + gap
         self.passes += 1
         words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"])
                  for w in result["words"]]

@@ -175,19 +175,23 @@ class RemoteStream:
         return value
 
     def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict:
-        return self._call("feed", np.ascontiguousarray(audio, dtype=np.float32), catch_up=catch_up)
+        return self._call("feed", _samples(audio), catch_up=catch_up)
 
-    def finalize(self) -> dict:
-        return self._call("finalize")
+    def finalize(self, audio: np.ndarray | None = None) -> dict:
+        return self._call("finalize", _samples(audio))
 
-    def finish(self) -> dict:
-        return self._call("finish")
+    def finish(self, audio: np.ndarray | None = None) -> dict:
+        return self._call("finish", _samples(audio))
 
     def checkpoint(self) -> dict:
         return self._call("checkpoint")
 
     def configure(self, keywords=None) -> None:
         return self._call("configure", keywords=keywords)
+
+
+def _samples(audio: np.ndarray | None) -> np.ndarray | None:
+    return None if audio is None else np.ascontiguousarray(audio, dtype=np.float32)
 
 
 def _forget(worker: _Worker, sid: int) -> None:
