@@ -79,6 +79,24 @@ def test_uploads_transcribe_as_here(model, engine, speech):
     assert there["text"]
 
 
+def test_a_long_upload_crosses_the_pipe_as_raw_bytes_not_in_a_pickle(model, engine, speech, monkeypatch):
+    # an hour of uploaded audio is 230 MB of samples: pickled, the server and the worker each held
+    # a second copy; sent as bytes after the call, the worker receives it into its own array
+    import pickle
+    pickled = []
+    for w in engine.workers:
+        send = w.conn.send
+        monkeypatch.setattr(w.conn, "send", lambda obj, send=send: pickled.append(len(pickle.dumps(obj))) or send(obj))
+    audio = np.concatenate([speech, speech])[: 20 * RATE]   # 1.28 MB of float32
+    there = engine.transcribe(audio)
+    assert untimed(there) == untimed(model.transcribe(audio)) and there["text"]
+    assert pickled and max(pickled) < 64 * 1024
+    # a bad array is refused by name, and the worker goes on
+    with pytest.raises(Exception, match="audio|sample|dtype|float"):
+        engine.transcribe(np.full((20 * RATE, 2, 2), "x"))
+    assert engine.transcribe(audio[: 2 * RATE]) is not None
+
+
 def test_an_engine_error_is_raised_here_by_name_and_the_worker_goes_on(engine, speech):
     with pytest.raises(ValueError, match="unknown language 'xx'") as info:
         engine.open_stream(language="xx")

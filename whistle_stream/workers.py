@@ -9,7 +9,7 @@ A pass is Numba kernels (which release the GIL) between Python bookkeeping (whic
 two engine threads in one process share the second core with the interpreter's lock. Worker
 processes do not: each holds its own `Whistle` over the same memory-mapped weights and runs the
 streams pinned to it one call at a time. A stream's state stays in its process; only audio in and
-result dicts out cross the pipe. A worker that dies fails the calls of its own streams (with
+result dicts out cross the pipe (a large array, an upload's samples, as raw bytes: `BULK_BYTES`). A worker that dies fails the calls of its own streams (with
 `WorkerDied`) and is started again for new ones; other workers' streams never notice.
 
 The silence gate (`is_speech`, `models.ModelFile`'s) needs only the front end and runs in the
@@ -39,6 +39,40 @@ class WorkerDied(WhistleError, RuntimeError):
     """The engine worker process holding a stream has exited; the stream is gone."""
 
 
+# An array argument this large (an uploaded file's samples: an hour is 230 MB of float32) crosses
+# the pipe as its raw bytes after the call instead of inside its pickle: no pickled copy on
+# either side, and the worker receives it straight into its own array.
+BULK_BYTES = 1 << 20
+
+
+class _Bulk:
+    """Where a large array goes in a call's arguments: it follows the call as raw bytes."""
+
+    def __init__(self, array: np.ndarray):
+        self.shape, self.dtype = array.shape, array.dtype.str
+
+    def receive(self, conn) -> np.ndarray:
+        array = np.empty(self.shape, np.dtype(self.dtype))
+        if array.nbytes:
+            conn.recv_bytes_into(_raw(array))
+        return array
+
+
+def _send_call(conn, op: str, sid: int, args: tuple, kwargs: dict, dropped: list) -> None:
+    """A call to a worker: each large array of args goes as a `_Bulk`, its bytes after the call."""
+    bulk = [np.ascontiguousarray(a) if isinstance(a, np.ndarray) and a.nbytes >= BULK_BYTES and not a.dtype.hasobject
+            else None for a in args]
+    conn.send((op, sid, tuple(a if b is None else _Bulk(b) for a, b in zip(args, bulk)), kwargs, dropped))
+    for b in bulk:
+        if b is not None and b.nbytes:
+            conn.send_bytes(_raw(b))
+
+
+def _raw(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's bytes as a flat uint8 view (the pipe measures a buffer by its first axis)."""
+    return array.reshape(-1).view(np.uint8)
+
+
 # ---------------------------------------------------------------------------------------------
 # The worker process
 
@@ -56,6 +90,7 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
     while True:
         try:
             op, sid, args, kwargs, dropped = conn.recv()
+            args = tuple(a.receive(conn) if isinstance(a, _Bulk) else a for a in args)
         except (EOFError, OSError):
             return
         for gone in dropped:
@@ -129,7 +164,7 @@ class _Worker:
                     raise WorkerDied(f"engine worker {self.process.name} has exited")
                 dropped = [self.dropped.popleft() for _ in range(len(self.dropped))]
                 try:
-                    self.conn.send((op, sid, args, kwargs or {}, dropped))
+                    _send_call(self.conn, op, sid, args, kwargs or {}, dropped)
                     ok, value, passes = self.conn.recv()
                 except (EOFError, OSError) as e:
                     self.dead = True
