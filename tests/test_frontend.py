@@ -263,3 +263,46 @@ def test_load_audio_rejects_missing_files_and_rate_with_a_file(tmp_path):
 
 def test_load_audio_keeps_empty_clips_empty():
     assert F.load_audio(np.zeros(0, np.float32)).shape == (0,)
+
+
+def _speechlike(seconds: float, seed: int = 4) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * RATE)) / RATE
+    bursts = (np.sin(2 * np.pi * 0.7 * t) > 0.2).astype(np.float32)
+    return (bursts * 0.2 * np.sin(2 * np.pi * 300 * t) + 0.003 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def test_the_gate_in_blocks_reads_every_frame_as_the_whole_clip_at_once(monkeypatch):
+    """silence_gate_db reads GATE_BLOCK_FRAMES frames at a time; its figure is the one of the
+    whole clip's power spectrum at once, to the bit, across the blocks' edges."""
+    pcm = _speechlike(9.37)
+    power = F.power_spectrum(pcm, HOP, WIN, FFT)
+    band = F.mel_energies(power, MEL)[:, F.gate_bands(MEL, RATE)].sum(axis=1)
+    db = 10.0 * np.log10(band.astype(np.float64) + F.GATE_POWER_FLOOR)
+    whole = F._select(db, F.GATE_QUANTILES[0]) - F._select(db, F.GATE_QUANTILES[1])
+    monkeypatch.setattr(F, "GATE_BLOCK_FRAMES", 130)
+    assert F.silence_gate_db(pcm, MEL, RATE, HOP, WIN) == whole != 0.0
+    blocks = list(F.power_blocks(pcm, HOP, WIN, FFT, 130))
+    assert len(blocks) == 8 and np.array_equal(np.concatenate([p for _, _, p in blocks]), power)
+
+
+def test_a_long_clip_s_gate_and_loader_hold_no_clip_sized_temporaries():
+    """Ten minutes (38 MB of float32): the loader makes its one sanitised copy, and the gate, the
+    frame levels and the sound span hold no more than a few MB besides (the whole clip's power
+    spectrum was 48 MB, its float64 squares 77 MB, its index of every sample 77 MB)."""
+    import tracemalloc
+
+    from whistle_stream import rules, streaming
+    pcm = np.tile(_speechlike(30.0), 20)
+    tracemalloc.start()
+    try:
+        for fn, budget in ((lambda: F.load_audio(pcm), pcm.nbytes + (4 << 20)),
+                           (lambda: F.silence_gate_db(pcm, MEL, RATE, HOP, WIN), 24 << 20),
+                           (lambda: rules.frame_levels(pcm, RATE), 4 << 20),
+                           (lambda: streaming.sound_span(pcm, RATE), 4 << 20)):
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            fn()
+            assert tracemalloc.get_traced_memory()[1] - base < budget
+    finally:
+        tracemalloc.stop()

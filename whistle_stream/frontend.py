@@ -23,6 +23,7 @@ LEVEL_FLOOR = 1e-6  # §3.2: below this the clip is left alone
 LOG_FLOOR = 2.0 ** -24  # §3.7: log(x + 2^-24)
 STD_EPS = 1e-5  # §3.8: (x - mean) / (std + 1e-5)
 FFT_BLOCK_FRAMES = 256  # frames per block of the power spectrum (bounds its temporaries, not its result)
+GATE_BLOCK_FRAMES = 3000  # frames the silence gate reads at a time (30 s at the 10 ms hop: a pass's clip in one)
 GATE_BAND_HZ = (250.0, 3500.0)  # §8: bands whose filters lie inside this range feed the gate
 GATE_QUANTILES = (0.99, 0.10)  # §8: loud and quiet frame, by the same selection rule as §3.2
 GATE_MARGIN_DB = 5.0  # §8: speech only when the loud frame is this far above the quiet one
@@ -79,7 +80,7 @@ def _array_samples(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.int16:
         a = a.astype(np.float32) / np.float32(32768.0)
     elif a.dtype in (np.float32, np.float64):
-        a = a.astype(np.float32)
+        a = a.astype(np.float32, copy=False)   # `sanitize` makes the one copy
     else:
         raise AudioError(f"audio arrays must be float32, float64 or int16, got {a.dtype}")
     if a.ndim not in (1, 2):
@@ -165,11 +166,16 @@ def _decode_wav(data: bytes, what: str) -> tuple[np.ndarray, int]:
 # ---------------------------------------------------------------- §3 front end
 
 
+SANITIZE_BLOCK = 1 << 18  # samples `sanitize` checks at a time
+
+
 def sanitize(pcm: np.ndarray) -> np.ndarray:
     """§3.1: NaN, infinite and |x| >= 65536 samples read as zero. float32 copy."""
     pcm = np.array(pcm, dtype=np.float32, copy=True)
     with np.errstate(invalid="ignore"):
-        pcm[~(np.abs(pcm) < BAD_SAMPLE)] = 0.0
+        for a in range(0, len(pcm), SANITIZE_BLOCK):   # a block at a time: no clip-sized masks
+            block = pcm[a:a + SANITIZE_BLOCK]
+            block[~(np.abs(block) < BAD_SAMPLE)] = 0.0
     return pcm
 
 
@@ -209,26 +215,40 @@ def power_spectrum(pcm: np.ndarray, hop: int, win: int, fft: int) -> np.ndarray:
     """§3.3-3.5: (samples // hop, fft // 2 + 1) float32 power re^2 + im^2 of the symmetric-Hann
     windowed frames; frame t reads samples hop*t - win/2 .. hop*t + win/2 - 1, zero outside."""
     frames = len(pcm) // hop
-    if frames == 0:
-        return np.zeros((0, fft // 2 + 1), np.float32)
-    half = win // 2
-    padded = np.zeros(frames * hop + win, np.float32)
-    n = min(len(pcm), len(padded) - half)
-    padded[half:half + n] = pcm[:n]
-    view = np.lib.stride_tricks.sliding_window_view(padded, win)[::hop][:frames]
-    window = hann_symmetric(win)
     power = np.empty((frames, fft // 2 + 1), np.float32)
+    for a, b, part in power_blocks(pcm, hop, win, fft, max(frames, 1)):
+        power[a:b] = part
+    return power
+
+
+def power_blocks(pcm: np.ndarray, hop: int, win: int, fft: int, block_frames: int):
+    """`power_spectrum`'s rows `block_frames` at a time: yields (first frame, end frame, power),
+    each block's rows exactly those of the whole (a long clip's gate never holds all of them)."""
+    frames = len(pcm) // hop
+    if frames == 0:
+        return
+    half = win // 2
+    window = hann_symmetric(win)
     # numpy's float64 real FFT of an already zero-padded frame is ~3x faster than its float32
     # path with n= padding, and more exact. Blocks of frames bound the float64 and complex
     # temporaries (30 s at once: ~35 MB); each frame's FFT is independent of the others.
     framed = np.zeros((min(frames, FFT_BLOCK_FRAMES), fft), np.float64)
-    for a in range(0, frames, FFT_BLOCK_FRAMES):
-        b = min(frames, a + FFT_BLOCK_FRAMES)
-        block = framed[:b - a]
-        np.multiply(view[a:b], window, out=block[:, :win])
-        spec = np.fft.rfft(block, axis=1)
-        power[a:b] = np.square(spec.real) + np.square(spec.imag)
-    return power
+    for a in range(0, frames, block_frames):
+        b = min(frames, a + block_frames)
+        power = np.empty((b - a, fft // 2 + 1), np.float32)
+        for c in range(a, b, FFT_BLOCK_FRAMES):
+            d = min(b, c + FFT_BLOCK_FRAMES)
+            # frames c .. d-1 read samples c*hop - half .. (d-1)*hop + half - 1, zero outside the clip
+            lo = c * hop - half
+            seg = np.zeros((d - c - 1) * hop + win, np.float32)
+            s0, s1 = max(lo, 0), min(lo + len(seg), len(pcm))
+            seg[s0 - lo:s1 - lo] = pcm[s0:s1]
+            view = np.lib.stride_tricks.sliding_window_view(seg, win)[::hop]
+            block = framed[:d - c]
+            np.multiply(view, window, out=block[:, :win])
+            spec = np.fft.rfft(block, axis=1)
+            power[c - a:d - a] = np.square(spec.real) + np.square(spec.imag)
+        yield a, b, power
 
 
 def mel_energies(power: np.ndarray, mel: np.ndarray) -> np.ndarray:
@@ -293,10 +313,14 @@ def silence_gate_db(pcm: np.ndarray, mel: np.ndarray, rate: int, hop: int, win: 
     if not np.any(pcm):
         return 0.0
     fft = 2 * (mel.shape[0] - 1)
-    power = power_spectrum(pcm, hop, win, fft)
-    if len(power) == 0:
+    frames = len(pcm) // hop
+    if frames == 0:
         return 0.0
-    band = mel_energies(power, mel)[:, gate_bands(mel, rate)].sum(axis=1)
+    bands = gate_bands(mel, rate)
+    band = np.empty(frames, np.float32)
+    # GATE_BLOCK_FRAMES at a time: an hour's power spectrum at once was ~1 GB
+    for a, b, power in power_blocks(pcm, hop, win, fft, GATE_BLOCK_FRAMES):
+        band[a:b] = mel_energies(power, mel)[:, bands].sum(axis=1)
     db = 10.0 * np.log10(band.astype(np.float64) + GATE_POWER_FLOOR)
     return _select(db, GATE_QUANTILES[0]) - _select(db, GATE_QUANTILES[1])
 

@@ -57,13 +57,21 @@ def quiet(rms: np.ndarray, level: float, db: float) -> np.ndarray:
     return np.asarray(rms) <= quiet_under(level, db)
 
 
+LEVEL_BLOCK_FRAMES = 1500  # 30 s of 20 ms frames (`frame_levels` works through a clip this much at a time)
+
+
 def frame_levels(audio: np.ndarray, rate: int = 16000) -> np.ndarray:
     """RMS of each 20 ms frame of `audio`, frames aligned to its end (a partial frame at the start
     is left out); empty when the audio is shorter than a frame."""
     frame = PAUSE_FRAME * rate // 16000
     n = len(audio) // frame
     frames = np.asarray(audio[len(audio) - n * frame:], np.float32).reshape(n, frame)
-    return np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
+    out = np.empty(n, np.float64)
+    # a block of frames at a time: the squares in float64 of a whole hour would be 460 MB
+    for a in range(0, n, LEVEL_BLOCK_FRAMES):
+        b = min(n, a + LEVEL_BLOCK_FRAMES)
+        out[a:b] = np.sqrt(np.mean(np.square(frames[a:b], dtype=np.float64), axis=1))
+    return out
 
 
 def runs(mask: np.ndarray) -> list[tuple[int, int]]:

@@ -524,10 +524,10 @@ def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_
     ("Lock the car." became "Lock the garage. Lock the front door."). Measured in the README's
     streaming section.
     """
-    nz = np.flatnonzero(np.abs(audio) >= DIGITAL_SILENCE)
-    if not len(nz):
+    bounds = _sound_bounds(audio)
+    if bounds is None:
         return 0, 0
-    first, last = int(nz[0]), int(nz[-1]) + 1
+    first, last = bounds
     rms = frame_levels(audio[first:last], rate)
     if len(rms) >= 3:
         level = speech_level(rms)
@@ -535,6 +535,25 @@ def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_
             margin = int(margin_s * rate)
             return max(0, first - margin), min(len(audio), last + margin)
     return first, min(len(audio), last + int(keep_s * rate))
+
+
+def _sound_bounds(audio: np.ndarray, block: int = 16000) -> tuple[int, int] | None:
+    """[first, last) of the samples that are not digital silence, or None: found a block at a time
+    from each end (an hour's mask of every sample's index would be 460 MB)."""
+    first = None
+    for a in range(0, len(audio), block):
+        hit = np.flatnonzero(np.abs(audio[a:a + block]) >= DIGITAL_SILENCE)
+        if len(hit):
+            first = a + int(hit[0])
+            break
+    if first is None:
+        return None
+    for b in range(len(audio), first, -block):
+        a = max(first, b - block)
+        hit = np.flatnonzero(np.abs(audio[a:b]) >= DIGITAL_SILENCE)
+        if len(hit):
+            return first, a + int(hit[-1]) + 1
+    return first, first + 1
 
 
 def sayable(words: int, seconds: float) -> bool:
