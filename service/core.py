@@ -50,7 +50,8 @@ class EngineStream(Protocol):
 
     def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict: ...
     def checkpoint(self) -> dict: ...   # JSON-able; "buffer_start" and "received": stream samples at 16 kHz
-    def finalize(self, audio: np.ndarray | None = None) -> dict: ...   # audio: fed first, its passes left to the finalize
+    # audio: the utterance's last audio, fed first, its passes left to the finalize
+    def finalize(self, audio: np.ndarray | None = None) -> dict: ...
     def finish(self, audio: np.ndarray | None = None) -> dict: ...
     def configure(self, keywords=None) -> None: ...
 
@@ -402,7 +403,9 @@ class SessionCore:
                     continue
                 if isinstance(item, Mark) and pending and i + 1 < len(work) and isinstance(work[i + 1], Feed):
                     continue   # more audio follows: one feed for all of it, sealed at a later mark
-                if pending and isinstance(item, (SpeechEnded, FinalizeNow, FinishNow)) and not getattr(item, "suspend", False):
+                ends = (isinstance(item, (SpeechEnded, FinalizeNow))
+                        or isinstance(item, FinishNow) and not item.suspend)
+                if pending and ends:
                     out += self._feed(pending, then=item)   # the utterance's last audio and its end: one engine call
                     pending = []
                     continue

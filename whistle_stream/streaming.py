@@ -215,7 +215,7 @@ class StreamSession:
         whose pass would find a pause in its newest step (an utterance ends there), else the
         newest step end received, or the last one that keeps the buffer within bounds. A reading
         waiting for its second pass at a pause gets it at the next step end, as without catch_up."""
-        newest = self._next_pass + (self._received - self._next_pass) // self.step * self.step
+        newest = self._newest_step_end()
         bound = self._buffer_start + int(MAX_BUFFER_S * self.rate) - self.step
         newest = min(newest, self._next_pass + max(0, bound - self._next_pass) // self.step * self.step)
         if self._pause_at is not None:
@@ -224,6 +224,10 @@ class StreamSession:
             if self._utterance_end(self._buffer[: end - self._buffer_start], self.step) is not None:
                 return end
         return newest
+
+    def _newest_step_end(self) -> int:
+        """The last step end on the pass grid at or before the audio received (from `_next_pass` on)."""
+        return self._next_pass + (self._received - self._next_pass) // self.step * self.step
 
     def _utterance_end(self, audio: np.ndarray, new: int) -> int | None:
         """Where an utterance ends in `audio` (a pass's buffer): the middle of the last pause that
@@ -256,7 +260,7 @@ class StreamSession:
         self._commit(self.policy.flush(), out)
         self._cut_utterance(self._received)
         if self._next_pass <= self._received:  # passes skipped before the end: the grid goes on after it
-            self._next_pass += (self._received - self._next_pass) // self.step * self.step + self.step
+            self._next_pass = self._newest_step_end() + self.step
         return self._finish_dict(out)
 
     def finish(self, audio=None) -> dict:
@@ -276,9 +280,8 @@ class StreamSession:
         waits for its second pass at a pause). The newest step's pass is left to
         the finalize, which reads on to the end of the audio, when the buffer fits one pass."""
         while self._received >= self._next_pass:
-            newest = self._next_pass + (self._received - self._next_pass) // self.step * self.step
             end = self._catch_up_end()
-            if end >= newest and self._received - self._buffer_start <= int(MAX_BUFFER_S * self.rate):
+            if end >= self._newest_step_end() and self._received - self._buffer_start <= int(MAX_BUFFER_S * self.rate):
                 return
             since = self._last_pass_end()
             self._next_pass = end
@@ -548,12 +551,13 @@ def _sound_bounds(audio: np.ndarray, block: int = 16000) -> tuple[int, int] | No
             break
     if first is None:
         return None
-    for b in range(len(audio), first, -block):
+    b = len(audio)
+    while True:   # ends at the latest in the block holding `first`, which is sound
         a = max(first, b - block)
         hit = np.flatnonzero(np.abs(audio[a:b]) >= DIGITAL_SILENCE)
         if len(hit):
             return first, a + int(hit[-1]) + 1
-    return first, first + 1
+        b = a
 
 
 def sayable(words: int, seconds: float) -> bool:

@@ -9,8 +9,9 @@ A pass is Numba kernels (which release the GIL) between Python bookkeeping (whic
 two engine threads in one process share the second core with the interpreter's lock. Worker
 processes do not: each holds its own `Whistle` over the same memory-mapped weights and runs the
 streams pinned to it one call at a time. A stream's state stays in its process; only audio in and
-result dicts out cross the pipe (a large array, an upload's samples, as raw bytes: `BULK_BYTES`). A worker that dies fails the calls of its own streams (with
-`WorkerDied`) and is started again for new ones; other workers' streams never notice.
+result dicts out cross the pipe (a large array, an upload's samples, as raw bytes: `BULK_BYTES`). A
+worker that dies fails the calls of its own streams (with `WorkerDied`) and is started again for
+new ones; other workers' streams never notice.
 
 The silence gate (`is_speech`, `models.ModelFile`'s) needs only the front end and runs in the
 calling process.
