@@ -267,7 +267,7 @@ class Whistle(ModelFile):
         total_s = len(pcm) / d.rate
         if by == "utterances":
             return self._transcribe_utterances(pcm, language, biaser, beams, word_timestamps, progress)
-        if not self.is_speech(pcm):
+        if not self._gate(pcm):
             if progress is not None:
                 progress(total_s, total_s)
             return _result("", "", 0.0, 0.0, 0, [] if word_timestamps else None)
@@ -313,7 +313,7 @@ class Whistle(ModelFile):
         def window(start_s: float, length_s: float) -> list[dict]:
             start = int(round(start_s * d.rate))
             chunk = pcm[start:start + int(round(length_s * d.rate))]
-            if not self.is_speech(chunk):
+            if not self._gate(chunk):
                 return []
             r = self._decode(chunk, stats["language"], biaser, beams, True, open_end=start + len(chunk) < len(pcm))
             stats["language"] = stats["language"] or r["language"]  # detected once, then held
@@ -359,7 +359,7 @@ class Whistle(ModelFile):
     def _read_words(self, pcm: np.ndarray, language: str | None, biaser, beams: int, open_end: bool,
                     prefix: str, guess: list[int], memo: PassMemo | None) -> dict:
         """`transcribe_words` on checked arguments (guess: the draft's token ids)."""
-        if not self.is_speech(pcm):
+        if not self._gate(pcm):
             return {"speech": False, "language": language or "", "text": "", "words": [], "tokens": []}
         tokens = self.tokenizer.encode(prefix) if prefix and language else []
         guess = guess[len(tokens):] if guess[:len(tokens)] == tokens else []

@@ -128,8 +128,12 @@ class ModelFile:
 
     def is_speech(self, pcm: np.ndarray) -> bool:
         """The engine's silence gate (§8) on float32 samples at the model rate."""
+        return self._gate(frontend.sanitize(pcm))
+
+    def _gate(self, pcm: np.ndarray) -> bool:
+        """`is_speech` on samples already sanitised (`load_audio`'s): no second copy of them."""
         d = self.dims
-        return frontend.is_speech(frontend.sanitize(pcm), self.mel, d.rate, d.hop, d.win)
+        return frontend.is_speech(pcm, self.mel, d.rate, d.hop, d.win)
 
 
 def _existing(path: Path, what: str) -> Path:
