@@ -1,8 +1,10 @@
 """Peak memory of one long upload: the engine transcribes N minutes of audio the way the server's
-/v1/audio/transcriptions does (`by="utterances"`, word times), in a child process per checkout.
+/v1/audio/transcriptions does (`by="utterances"`, word times; `--by windows` as `Whistle.transcribe`
+defaults), in a child process per checkout.
 
     python benchmarks/upload_memory.py --minutes 60                    # this checkout
     python benchmarks/upload_memory.py --minutes 60 --engine WORKTREE  # and another, same run
+    python benchmarks/upload_memory.py --minutes 20 --by windows       # Whistle.transcribe's default
 
 The audio is a 300 Hz tone in 2 s bursts over a low noise floor (pauses the utterance rule cuts
 at), made in 10 s pieces so that making it costs no more than the samples themselves. Prints the
@@ -31,7 +33,7 @@ def peak_mb():
         if line.startswith("VmHWM"):
             return int(line.split()[1]) / 1024
 
-minutes = float(sys.argv[1])
+minutes, by = float(sys.argv[1]), sys.argv[2]
 model = Whistle()
 model.warmup()
 n, rate = int(16000 * 60 * minutes), 16000
@@ -42,14 +44,14 @@ for a in range(0, n, rate * 10):
     t = np.arange(a, b) / rate
     audio[a:b] = 0.1 * np.sin(2 * np.pi * 300 * t) * (np.sin(2 * np.pi * 0.25 * t) > 0) + 0.003 * rng.standard_normal(b - a)
 before = peak_mb()
-result = model.transcribe(audio, by="utterances", word_timestamps=True)
+result = model.transcribe(audio, by=by, word_timestamps=True)
 print(json.dumps({"before": before, "after": peak_mb(), "words": len(result["words"])}))
 """
 
 
-def measure(root: Path, minutes: float) -> dict:
+def measure(root: Path, minutes: float, by: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(root))
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(minutes)], cwd=root, env=env,
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(minutes), by], cwd=root, env=env,
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -57,13 +59,15 @@ def measure(root: Path, minutes: float) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=60.0, help="audio length (default 60)")
+    ap.add_argument("--by", choices=("utterances", "windows"), default="utterances",
+                    help="how the clip is read (default utterances: what the server's uploads do)")
     ap.add_argument("--engine", type=Path, help="another checkout's root (a git worktree), measured in the same run")
     args = ap.parse_args(argv)
-    rows = [("this checkout", measure(ROOT, args.minutes))]
+    rows = [("this checkout", measure(ROOT, args.minutes, args.by))]
     if args.engine:
-        rows.append((str(args.engine), measure(args.engine.resolve(), args.minutes)))
+        rows.append((str(args.engine), measure(args.engine.resolve(), args.minutes, args.by)))
     print(f"{args.minutes:g} min of audio ({args.minutes * 60 * 16000 * 4 / 2 ** 20:.0f} MB of float32), "
-          "demo model, by utterances with word times")
+          f"demo model, by {args.by} with word times")
     print(f"{'engine':<28} {'peak RSS before':>16} {'after':>8} {'the transcription':>18} {'words':>6}")
     for name, r in rows:
         print(f"{name:<28} {r['before']:>13.0f} MB {r['after']:>5.0f} MB {r['after'] - r['before']:>15.0f} MB "
