@@ -54,10 +54,13 @@ class ServiceConfig:
     resume_secret: str | None = None         # shared by replicas; None: a random one per process
     resume_ttl: float = 600.0                # seconds a resume token stays valid
     log_level: str = "info"
+    wyoming_port: int = 0                    # the Wyoming server's TCP port (10300 by convention); 0: off
+    wyoming_zeroconf: bool = False           # advertise the Wyoming server over mDNS (_wyoming._tcp.local.)
 
     def __post_init__(self):
         checks = [
             (0 <= self.port <= 65535, "port must be 0..65535"),
+            (0 <= self.wyoming_port <= 65535, "wyoming_port must be 0..65535 (0: no Wyoming server)"),
             (self.max_sessions >= 1, "max_sessions must be at least 1"),
             (self.workers >= 1, "workers must be at least 1"),
             (self.processes >= 1, "processes must be at least 1"),
@@ -108,6 +111,8 @@ _HELP = {
     "resume_secret": "secret that signs resume tokens; give every replica the same (default: random, this process only)",
     "resume_ttl": "seconds a resume token stays valid",
     "log_level": "debug, info, warning or error",
+    "wyoming_port": "TCP port of the Wyoming server for Home Assistant (10300 by convention; 0: off)",
+    "wyoming_zeroconf": "advertise the Wyoming server over zeroconf/mDNS (_wyoming._tcp.local.)",
 }
 
 
@@ -123,6 +128,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default = getattr(defaults, f.name)
         if isinstance(default, tuple):
             default = ",".join(default)
+        if isinstance(default, bool):   # a switch: --flag alone is true, --flag=false turns it off
+            parser.add_argument(flag, dest=f.name, default=None, nargs="?", const="true", metavar="BOOL",
+                                help=f"{_HELP[f.name]} [env {env_name(f.name)}, default {str(default).lower()}]")
+            continue
         parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
                             help=f"{_HELP[f.name]} [env {env_name(f.name)}, default {default}]")
     return parser

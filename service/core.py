@@ -142,6 +142,12 @@ class Reconfigure:
 
 
 @dataclass(frozen=True)
+class Reopen:
+    """The session's settings changed before its first audio (`protocol.Retune`): a new engine
+    stream with its language and keywords."""
+
+
+@dataclass(frozen=True)
 class FinishNow:
     """The session ends: commit everything, then `final` with this reason (suspend: commit
     nothing more; the session resumes elsewhere)."""
@@ -156,7 +162,7 @@ class Mark:
     path: dict
 
 
-Work = Feed | SpeechEnded | FinalizeNow | Reconfigure | FinishNow | Mark
+Work = Feed | SpeechEnded | FinalizeNow | Reconfigure | Reopen | FinishNow | Mark
 
 
 @dataclass(frozen=True)
@@ -327,20 +333,41 @@ class SessionCore:
         return self.execute(self.end(reason))
 
     # -- the cheap half ----------------------------------------------------------------------
-    def receive(self, frame: bytes | str) -> Received:
-        """A client frame -> work for the engine. Raises ProtocolError (bad audio, a bad or
-        rate-limited control message, the audio limit, a message out of order)."""
+    def receive(self, frame: bytes | str | P.ClientMessage) -> Received:
+        """A client frame (or a dialect's typed client message) -> work for the engine. Raises
+        ProtocolError (bad audio, a bad or rate-limited control message, the audio limit, a
+        message out of order)."""
         if isinstance(frame, (bytes, bytearray, memoryview)):
             return Received(self._marked(self._receive_audio(bytes(frame))))
+        if isinstance(frame, P.Audio):
+            return Received(self._marked(self._receive_audio(frame.data)))
         if not self.bucket.take():
             raise P.ProtocolError(P.ErrorCode.RATE_LIMITED, f"more than {self.limits.control_rate:g} "
                                   "control messages per second")
-        message = self.session.check(P.decode_text(frame))
+        message = self.session.check(P.decode_text(frame) if isinstance(frame, str) else frame)
+        if isinstance(message, P.Retune):
+            return Received(self._retune(message))
         if isinstance(message, P.Finalize):
             return Received(self._marked((*self._events(self.path.flush()), FinalizeNow())))
         if isinstance(message, P.Configure):
             return Received((Reconfigure(message.keywords),))
         return Received(close=isinstance(message, P.Close))
+
+    def _retune(self, message: P.Retune) -> tuple[Work, ...]:
+        """New language and VAD settings before the first audio: a new audio path now, a new
+        engine stream when the work runs."""
+        if self.session.audio_seconds > 0 or self.resumed:
+            raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, "the language and turn detection are set before "
+                                  "the first audio; this session has audio already")
+        languages = self.engine.dims.languages
+        if message.language is not None and message.language not in languages:
+            raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, f"unknown language {message.language[:20]!r}; "
+                                  f"this model knows {', '.join(languages)}")
+        self.config = dataclasses.replace(self.config, language=message.language, vad=message.vad)
+        self.limits = dataclasses.replace(self.limits, end_of_speech_ms=message.end_of_speech_ms,
+                                          vad_aggressiveness=message.vad_aggressiveness)
+        self.path = self._new_path()
+        return (Reopen(),)
 
     def end(self, reason: str) -> tuple[Work, ...]:
         """The session ends (the client closed, a limit, a timeout, shutdown): the work that
@@ -449,6 +476,12 @@ class SessionCore:
                 self.stream.configure(keywords=list(item.keywords))
             except ValueError as e:   # the engine refused a keyword: the old ones stay
                 return [P.Error(P.ErrorCode.BAD_MESSAGE, str(e)[:300])]
+            return []
+        if isinstance(item, Reopen):
+            self.stream = self.engine.open_stream(language=self.config.language,
+                                                  keywords=list(self.session.keywords) or None,
+                                                  step_s=self.limits.step_s)
+            self._passes_seen = self.stream.passes
             return []
         if isinstance(item, FinishNow):
             if item.suspend:

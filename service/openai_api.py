@@ -18,7 +18,7 @@ from typing import Sequence
 
 from whistle_stream.subtitles import make_cues, srt, vtt
 
-from .protocol import MAX_KEYWORDS, ProtocolError, check_keywords
+from .protocol import MAX_KEYWORDS, ProtocolError, check_keywords, prompt_phrases
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 GRANULARITIES = ("word", "segment")
@@ -58,13 +58,9 @@ class TranscriptionRequest:
 
 
 def prompt_keywords(prompt: str) -> tuple[str, ...]:
-    """`prompt` -> keyword phrases (§7): one phrase per line; a one-line prompt with commas is a
-    comma-separated list ("Kaliko, Irolg"). At most MAX_KEYWORDS phrases."""
-    lines = [line for line in prompt.splitlines() if line.strip()]
-    if len(lines) == 1 and "," in lines[0]:
-        lines = [p for p in lines[0].split(",") if p.strip()]
+    """`prompt` -> checked keyword phrases (`protocol.prompt_phrases`), at most MAX_KEYWORDS."""
     try:
-        return check_keywords(lines, "prompt")
+        return check_keywords(prompt_phrases(prompt), "prompt")
     except ProtocolError as e:
         raise ApiError(400, e.message + f" (the prompt is read as keyword phrases, at most {MAX_KEYWORDS})",
                        param="prompt") from e

@@ -130,7 +130,27 @@ class Configure:
     keywords: tuple[str, ...]
 
 
-ClientMessage = Union[Audio, Finalize, Close, KeepAlive, Configure]
+@dataclass(frozen=True)
+class Retune:
+    """Settings a dialect changes after the session opened and before its first audio (OpenAI
+    Realtime's `session.update`): the language, the VAD on or off, its end of speech and
+    aggressiveness. Not a message of this wire protocol: dialects hand it to the session core."""
+    language: str | None
+    vad: bool
+    end_of_speech_ms: int
+    vad_aggressiveness: int
+
+
+ClientMessage = Union[Audio, Finalize, Close, KeepAlive, Configure, Retune]
+
+
+@dataclass(frozen=True)
+class DialectInput:
+    """What a dialect makes of one client frame: messages for the session core, in order (audio
+    bytes, a control frame of this protocol, or a typed client message), and replies the dialect
+    sends back at once (an acknowledgement that is not the session's)."""
+    messages: tuple = ()
+    replies: tuple = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,6 +325,16 @@ def check_keywords(keywords: Iterable, where: str) -> tuple[str, ...]:
     if len(out) > MAX_KEYWORDS:
         raise ProtocolError(code, f"{where}: at most {MAX_KEYWORDS} keywords, got {len(out)}")
     return tuple(out)
+
+
+def prompt_phrases(prompt: str) -> list[str]:
+    """An OpenAI `prompt` read as keyword phrases (§7), by the REST endpoint and the Realtime
+    dialect alike: one phrase per line; a one-line prompt with commas is a comma-separated list
+    ("Kaliko, Irolg")."""
+    lines = [line for line in prompt.splitlines() if line.strip()]
+    if len(lines) == 1 and "," in lines[0]:
+        lines = [p for p in lines[0].split(",") if p.strip()]
+    return lines
 
 
 def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:

@@ -27,9 +27,9 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from websockets.asyncio.server import ServerConnection, serve as ws_serve
 from websockets.datastructures import Headers
@@ -39,12 +39,14 @@ from websockets.http11 import Request, Response
 
 from . import protocol as P
 from .config import ServiceConfig, add_serve_arguments, config_from_args
-from . import deepgram, openai_api
-from .core import Feed, FinishNow, SessionCore, SessionLimits, Work, check_token
+from . import deepgram, openai_api, realtime
+from .core import SessionCore, SessionLimits, check_token
 from .http import Reply, Request as HttpRequest, diverting
+from .observe import Metrics, log_event, setup_logging
 from .resume import random_secret
-
-log = logging.getLogger("whistle.service")
+from whistle_stream import __version__
+from .runner import Dialect, NativeDialect, SessionRunner, WebSocketChannel, refuse
+from . import wyoming_server
 # A request line holds the query; let one with an over-long resume token reach protocol.parse_query,
 # which refuses it with bad_resume, instead of websockets' bare HTTP 414 at 8 KB.
 websockets_http11.MAX_LINE_LENGTH = max(websockets_http11.MAX_LINE_LENGTH, 32 * 1024)
@@ -59,50 +61,6 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/captions.css": ("captions.css", "text/css; charset=utf-8"),
           "/favicon.svg": ("favicon.svg", "image/svg+xml"),
           "/favicon.ico": ("favicon.svg", "image/svg+xml")}
-
-
-def log_event(event: str, level: int = logging.INFO, exc_info: bool = False, **fields) -> None:
-    """One structured log line: {"ts", "level", "event", **fields} (see JsonFormatter); exc_info
-    (inside an except block): the exception's traceback as "exc"."""
-    log.log(level, event, exc_info=exc_info, extra={"fields": fields})
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-               "event": record.getMessage()}
-        out.update(getattr(record, "fields", {}))
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-class Metrics:
-    """The /metrics families, in a registry of their own (one per app)."""
-
-    def __init__(self):
-        r = self.registry = CollectorRegistry()
-        self.sessions_open = Gauge("whistle_sessions_open", "Open WebSocket sessions", registry=r)
-        self.passes = Counter("whistle_passes", "Engine streaming passes", registry=r)
-        self.pass_seconds = Histogram(
-            "whistle_pass_seconds", "Wall time of one engine pass", registry=r,
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0))
-        self.audio_seconds = Counter("whistle_audio_seconds", "Audio received, seconds", registry=r)
-        self.commit_latency = Histogram(
-            "whistle_commit_latency_seconds",
-            "From receiving a word's last audio to sending it committed", registry=r,
-            buckets=(0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0))
-        self.rejects = Counter("whistle_rejects", "Refused requests and errors sent, by reason",
-                               ["reason"], registry=r)
-        self.resumes = Counter("whistle_resumes", "Sessions resumed from a token, by outcome",
-                               ["outcome"], registry=r)
-        self.catch_ups = Counter("whistle_catch_ups", "Engine calls that skipped passes of a live session's "
-                                 "backlog: the session had fallen behind real time", registry=r)
-        self.replayed = Counter("whistle_replayed_audio_seconds", "Audio replayed by resuming clients, seconds",
-                                registry=r)
-
-    def text(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 def _response(status: int, body: bytes | str, content_type: str = "text/plain; charset=utf-8") -> Response:
@@ -155,10 +113,12 @@ class App:
         self.draining = False
         self.server = None
         self.port: int | None = None
+        self.wyoming_port: int | None = None
         # The captions page, when the caller serves one (the command line passes the clients' folder).
         self._static = ({} if web_root is None else
                         {path: (Path(web_root) / name, kind) for path, (name, kind) in STATIC.items()})
         self._closed = asyncio.Event()
+        self.wyoming = wyoming_server.WyomingServer(self) if self.config.wyoming_port else None
 
     # -- engine ------------------------------------------------------------------------------
     async def engine(self, fn, *args):
@@ -196,6 +156,15 @@ class App:
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
+    def version(self) -> str:
+        return __version__
+
+    @property
+    def demo_model(self) -> bool:
+        """The bundled demo model runs (it hears only its own vocabulary in synthetic voices)."""
+        return getattr(self.model, "kind", None) == "demo"
+
+    @property
     def url(self) -> str:
         return f"ws://{self.config.host}:{self.port}"
 
@@ -211,6 +180,11 @@ class App:
         if not self.resume_shared:
             log_event("resume_secret", level=logging.WARNING, detail="no --resume-secret: resume tokens are "
                       "signed with a random secret and resume sessions on this process only")
+        if self.wyoming is not None:
+            port = await self.wyoming.start(c.host, c.wyoming_port)
+            if c.wyoming_zeroconf:
+                await self.wyoming.advertise(c.host)
+            self.wyoming_port = port
         if warm:
             await self.warm()
         return self
@@ -224,6 +198,8 @@ class App:
         log_event("draining", sessions=len(open_))
         if self.server is not None:
             self.server.server.close()  # the listening socket only; sessions keep running
+        if self.wyoming is not None:
+            self.wyoming.stop_listening()
         for runner in open_:
             runner.interrupt("shutdown", P.CloseCode.GOING_AWAY)
         tasks = [r.task for r in open_ if r.task is not None]
@@ -235,6 +211,8 @@ class App:
         if self.server is not None:
             self.server.close(close_connections=True)
             await self.server.wait_closed()
+        if self.wyoming is not None:
+            await self.wyoming.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self._owns_model and hasattr(self.model, "close"):
             await asyncio.get_running_loop().run_in_executor(None, self.model.close)
@@ -256,7 +234,7 @@ class App:
         path = request.path.partition("?")[0]
         if path == deepgram.LISTEN_PATH:
             return self._route_deepgram(request)
-        if path == LISTEN_PATH:
+        if path in (LISTEN_PATH, realtime.PATH):
             refused = self._origin_refused(request)
             if refused is not None:
                 return _response(403, refused + "\n")
@@ -420,43 +398,53 @@ class App:
         return openai_api.render(result, form, seconds)
 
     # -- WebSocket ---------------------------------------------------------------------------
-    async def refuse(self, conn: ServerConnection, code: P.ErrorCode, message: str) -> None:
-        self.metrics.rejects.labels(code.value).inc()
-        log_event("rejected", level=logging.WARNING, reason=code.value, detail=message)
-        try:
-            await conn.send(P.encode(P.Error(code, message)))
-            await conn.close(P.FATAL_ERRORS[code], code.value)
-        except ConnectionClosed:
-            pass
-
     async def _handle(self, conn: ServerConnection) -> None:
         request = conn.request
-        if self.draining:   # the handshake passed just before the drain began
-            await self.refuse(conn, P.ErrorCode.SHUTTING_DOWN, "the server is shutting down; reconnect")
-            return
         path, _, query = request.path.partition("?")
+        channel = WebSocketChannel(conn)
+        dialect: Dialect | Callable = NativeDialect()
+        if path == realtime.PATH:
+            beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
+            dialect = realtime.Dialect(self.model_name, self.model.dims.languages,
+                                       audio_seconds=lambda: 0.0, beta=beta)
+        if self.draining:   # the handshake passed just before the drain began
+            await refuse(self.metrics, channel, dialect, P.ErrorCode.SHUTTING_DOWN,
+                         "the server is shutting down; reconnect")
+            return
         try:
             check_token(self.config.token, request.headers.get("Authorization"), query)
         except P.ProtocolError as e:   # the token alone decides, even if other parameters are bad
-            await self.refuse(conn, e.code, e.message)
+            await refuse(self.metrics, channel, dialect, e.code, e.message)
             return
         if self.full:
-            await self.refuse(conn, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
-                               f"{self.config.max_sessions} sessions; retry later")
+            await refuse(self.metrics, channel, dialect, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
+                         f"{self.config.max_sessions} sessions; retry later")
             return
-        dialect, limits = None, self.limits
+        limits, resumable = self.limits, True
+        languages = self.model.dims.languages
         try:
             if path == deepgram.LISTEN_PATH:   # checked at the handshake already (_route)
-                session_config, options = deepgram.parse_query(query, self.model.dims.languages)
-                dialect = options
+                session_config, options = deepgram.parse_query(query, languages)
                 limits = dataclasses.replace(limits, end_of_speech_ms=options.end_of_speech_ms)
+                dialect = partial(_deepgram_dialect, options, self.model_name)
+            elif path == realtime.PATH:
+                realtime.check_query(query)
+                session_config, resumable = realtime.session_config(languages), False
+                dialect = partial(_realtime_dialect, self.model_name, languages, beta)
             else:
-                session_config = P.parse_query(query, self.model.dims.languages)
+                session_config = P.parse_query(query, languages)
         except (P.ProtocolError, deepgram.DeepgramError) as e:
             code = getattr(e, "code", P.ErrorCode.BAD_REQUEST)
-            await self.refuse(conn, code if isinstance(code, P.ErrorCode) else P.ErrorCode.BAD_REQUEST, e.message)
+            await refuse(self.metrics, channel, dialect if not callable(dialect) or hasattr(dialect, "outgoing")
+                         else NativeDialect(), code if isinstance(code, P.ErrorCode) else P.ErrorCode.BAD_REQUEST,
+                         e.message)
             return
-        runner = SessionRunner(self, conn, session_config, limits, dialect)
+        await self.run_session(SessionRunner(self, channel, session_config, limits, dialect, resumable=resumable))
+
+    async def run_session(self, runner: SessionRunner) -> None:
+        """Run one live session of any dialect, counted against --max-sessions and drained with
+        the service."""
+        runner.task = asyncio.current_task()
         self.sessions.add(runner)
         self.metrics.sessions_open.inc()
         try:
@@ -466,235 +454,12 @@ class App:
             self.metrics.sessions_open.dec()
 
 
-class MetricsObserver:
-    """The session core's measurements into the app's metrics (`core.Observer`)."""
-
-    def __init__(self, metrics: Metrics):
-        self.m = metrics
-
-    def audio(self, seconds: float) -> None:
-        self.m.audio_seconds.inc(seconds)
-
-    def passes(self, count: int, seconds_each: float) -> None:
-        self.m.passes.inc(count)
-        for _ in range(count):
-            self.m.pass_seconds.observe(seconds_each)
-
-    def commit_latency(self, seconds: float) -> None:
-        self.m.commit_latency.observe(seconds)
-
-    def replayed(self, seconds: float) -> None:
-        self.m.replayed.inc(seconds)
-
-    def caught_up(self) -> None:
-        self.m.catch_ups.inc()
+def _deepgram_dialect(options: deepgram.Options, model: str, core: SessionCore) -> deepgram.Dialect:
+    return deepgram.Dialect(options, model, audio_seconds=lambda: core.session.audio_seconds)
 
 
-class SessionRunner:
-    """One WebSocket session's transport around its `SessionCore`, on the event loop.
-
-    receive: frames -> core.receive (cheap) -> work queue
-    worker:  queued work, one executor call at a time -> core.execute -> outgoing queue
-    sender:  outgoing queue -> socket (bounded; a client that does not read is disconnected)
-    """
-
-    def __init__(self, app: App, conn: ServerConnection, config: P.SessionConfig,
-                 limits: SessionLimits | None = None, dialect: deepgram.Options | None = None):
-        self.app, self.conn, self.config = app, conn, config
-        self.id = uuid.uuid4().hex[:12]
-        self.core = SessionCore(app.model, config, limits or app.limits, session_id=self.id,
-                                observer=MetricsObserver(app.metrics), resume_secret=app.resume_secret,
-                                resume_ttl=app.config.resume_ttl)
-        # None: our own protocol; else it translates frames both ways
-        self.dialect = None if dialect is None else deepgram.Dialect(
-            dialect, app.model_name, audio_seconds=lambda: self.core.session.audio_seconds)
-        self.task = asyncio.current_task()
-        c = app.config
-        self._work: deque[Work] = deque()
-        self._wake = asyncio.Event()
-        self._outgoing: asyncio.Queue = asyncio.Queue(maxsize=c.send_queue)
-        self._interrupt = asyncio.get_running_loop().create_future()
-        self._slow = False
-
-    @property
-    def session(self) -> P.Session:
-        return self.core.session
-
-    # -- control -----------------------------------------------------------------------------
-    def interrupt(self, reason: str, close_code: int, error: P.Error | None = None) -> None:
-        """End the session from outside the receive loop (shutdown, engine failure, slow client)."""
-        if not self._interrupt.done():
-            self._interrupt.set_result((reason, close_code, error))
-
-    def _log(self, event: str, level: int = logging.INFO, **fields) -> None:
-        log_event(event, level, session=self.id, **fields)
-
-    def _emit(self, messages) -> None:
-        if self.dialect is None:
-            self._put(P.encode(m) for m in messages)
-        else:
-            self._put(text for m in messages for text in self.dialect.outgoing(m))
-
-    def _put(self, texts) -> None:
-        for text in texts:
-            try:
-                self._outgoing.put_nowait(text)
-            except asyncio.QueueFull:
-                self._disconnect_slow("send queue full")
-                return
-
-    def _disconnect_slow(self, why: str) -> None:
-        if self._slow:
-            return
-        self._slow = True
-        self.app.metrics.rejects.labels(P.ErrorCode.SLOW_CLIENT.value).inc()
-        self._log("slow_client", logging.WARNING, detail=why)
-        self.interrupt("slow_client", P.CloseCode.POLICY)
-        transport = self.conn.transport
-        if transport is not None:
-            transport.abort()
-
-    def _queue(self, work) -> None:
-        if work:
-            self._work.extend(work)
-            self._wake.set()
-
-    # -- tasks -------------------------------------------------------------------------------
-    async def run(self) -> None:
-        c = self.config
-        resuming = c.resume is not None
-        try:
-            ready = await self.app.engine(self.core.open)
-        except P.ProtocolError as e:     # a bad resume token, or the engine refused the language or a keyword
-            if resuming:
-                self.app.metrics.resumes.labels("refused").inc()
-            await self.app.refuse(self.conn, e.code, e.message)
-            return
-        except Exception:
-            self._log("open_failed", logging.ERROR, exc_info=True)
-            await self.app.refuse(self.conn, P.ErrorCode.INTERNAL, "the engine could not open a stream")
-            return
-        if resuming:
-            self.app.metrics.resumes.labels("resumed").inc()
-            self.id = self.core.session.session_id
-            self._log("session_resumed", seq=ready[0].seq, replay_from=ready[0].replay_from)
-        self._log("session_open", sample_rate=c.sample_rate, encoding=c.encoding, vad=c.vad,
-                  language=c.language, keywords=len(c.keywords))
-        sender = asyncio.create_task(self._send_loop())
-        self._emit(ready)
-        worker = asyncio.create_task(self._work_loop())
-        try:
-            reason, close_code, error = await self._receive_loop()
-            await self._end(reason, close_code, error, worker, sender)
-        finally:
-            for t in (worker, sender):
-                t.cancel()
-            self._log("session_closed", audio_seconds=round(self.session.audio_seconds, 3),
-                      passes=self.session.passes, committed=self.session.seq)
-
-    async def _receive_loop(self):
-        """Read frames until the session should end; returns (reason, close code, error message)."""
-        idle = self.app.config.idle_timeout
-        while True:
-            recv = asyncio.ensure_future(self.conn.recv())
-            done, _ = await asyncio.wait({recv, self._interrupt}, timeout=idle,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if recv not in done:
-                recv.cancel()
-                if self._interrupt.done():
-                    return self._interrupt.result()
-                self.app.metrics.rejects.labels(P.ErrorCode.IDLE_TIMEOUT.value).inc()
-                return ("idle_timeout", P.CloseCode.POLICY,
-                        P.Error(P.ErrorCode.IDLE_TIMEOUT, f"no frame for {idle:g} s"))
-            try:
-                frame = recv.result()
-            except ConnectionClosed:
-                return ("disconnected", None, None)
-            try:
-                if self.dialect is not None:
-                    frame = self.dialect.incoming(frame)
-                received = self.core.receive(frame)
-            except P.ProtocolError as e:
-                self.app.metrics.rejects.labels(e.code.value).inc()
-                self._log("protocol_error", logging.WARNING, code=e.code.value, detail=e.message)
-                error = P.Error(e.code, e.message)
-                if e.fatal:
-                    return (e.code.value, e.close_code, error)
-                self._emit([error])
-                continue
-            if self.dialect is not None:
-                self._put(text for item in received.work if isinstance(item, Feed) for c in item.chunks
-                          if c.first for text in self.dialect.speech_started(c.start))
-            self._queue(received.work)
-            if received.close:
-                return ("close", P.CloseCode.NORMAL, None)
-
-    async def _end(self, reason, close_code, error, worker, sender) -> None:
-        work = self.core.end(reason)
-        if reason in ("disconnected", "slow_client"):
-            return
-        # Keep reading (and dropping) what the client still sends: unread frames would stall the
-        # closing handshake behind them.
-        discard = asyncio.create_task(self._discard())
-        if error is not None:
-            self._emit([error])
-        if not self.core.failed:
-            self._queue(work)
-            await worker
-        if self.core.failed:
-            if reason != P.ErrorCode.INTERNAL.value:
-                self._emit([P.Error(P.ErrorCode.INTERNAL, "the engine failed on this session")])
-            close_code = P.CloseCode.INTERNAL
-        try:
-            self._outgoing.put_nowait(None)  # the sender stops after what is queued
-            await asyncio.wait_for(sender, self.app.config.send_timeout)
-        except (asyncio.QueueFull, asyncio.TimeoutError):
-            pass
-        try:
-            await self.conn.close(close_code, reason[:60])
-        except ConnectionClosed:
-            pass
-        discard.cancel()
-
-    async def _discard(self) -> None:
-        try:
-            while True:
-                await self.conn.recv()
-        except ConnectionClosed:
-            pass
-
-    async def _send_loop(self) -> None:
-        timeout = self.app.config.send_timeout
-        while True:
-            text = await self._outgoing.get()
-            if text is None:
-                return
-            try:
-                await asyncio.wait_for(self.conn.send(text), timeout)
-            except asyncio.TimeoutError:
-                self._disconnect_slow(f"a send blocked for {timeout:g} s")
-                return
-            except ConnectionClosed:
-                return
-
-    async def _work_loop(self) -> None:
-        """Queued work in order, everything queued so far in one executor call (a backlog is
-        caught up at once), one call at a time for this session."""
-        try:
-            while True:
-                while not self._work:
-                    self._wake.clear()
-                    await self._wake.wait()
-                batch = list(self._work)
-                self._work.clear()
-                self._emit(await self.app.engine(self.core.execute, batch))
-                if any(isinstance(item, FinishNow) for item in batch):
-                    return
-        except Exception:
-            self._log("engine_error", logging.ERROR, exc_info=True)
-            self.app.metrics.rejects.labels(P.ErrorCode.INTERNAL.value).inc()
-            self.interrupt(P.ErrorCode.INTERNAL.value, P.CloseCode.INTERNAL,
-                           P.Error(P.ErrorCode.INTERNAL, "the engine failed on this session"))
+def _realtime_dialect(model: str, languages, beta: bool, core: SessionCore) -> realtime.Dialect:
+    return realtime.Dialect(model, languages, audio_seconds=lambda: core.session.audio_seconds, beta=beta)
 
 
 def limits_of(config: ServiceConfig) -> SessionLimits:
@@ -720,19 +485,6 @@ async def serve(model=None, config: ServiceConfig | None = None, web_root: Path 
             pass
     await app.warm()
     await app.wait_closed()
-
-
-def setup_logging(level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("whistle")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
-    # websockets logs every HTTP request (each health probe) and connection at info; our own events
-    # say what matters. Its lines show at debug.
-    logging.getLogger("whistle.websockets").setLevel(
-        logging.DEBUG if level.lower() == "debug" else logging.WARNING)
 
 
 def main(argv=None, *, model=None, web_root: Path | None = None) -> int:

@@ -314,7 +314,7 @@ async def test_the_page_is_served_with_its_types_a_content_security_policy_and_e
 
 
 async def test_health_probes_write_no_info_log_lines(app):
-    from whistle_stream.service.server import setup_logging
+    from whistle_stream.service.observe import setup_logging
 
     class Keep(logging.Handler):
         def __init__(self):
@@ -568,7 +568,7 @@ async def test_rejects_are_counted_by_reason(limited_app):
 
 
 async def test_an_engine_failure_ends_only_that_session_with_internal():
-    from whistle_stream.service.server import JsonFormatter, log as server_log
+    from whistle_stream.service.observe import JsonFormatter, log as server_log
 
     lines = []
 
