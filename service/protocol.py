@@ -86,18 +86,21 @@ FATAL_ERRORS = {
 class ProtocolError(Exception):
     """A client broke the protocol. `code` is an ErrorCode; `message` is safe to send back."""
 
-    def __init__(self, code: ErrorCode, message: str):
+    def __init__(self, code: ErrorCode, message: str, *, fatal: bool | None = None):
         super().__init__(f"{code.value}: {message}")
         self.code = ErrorCode(code)
         self.message = message
+        # None: as FATAL_ERRORS says; False: the frame is refused and the session goes on (a
+        # dialect's settings message that asks for an encoding mid-session, say)
+        self._fatal = fatal
 
     @property
     def fatal(self) -> bool:
-        return self.code in FATAL_ERRORS
+        return self.code in FATAL_ERRORS if self._fatal is None else self._fatal
 
     @property
     def close_code(self) -> int | None:
-        return FATAL_ERRORS.get(self.code)
+        return FATAL_ERRORS.get(self.code, CloseCode.POLICY) if self.fatal else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,7 +67,8 @@ class Settings:
 
 
 def _error(message: str, code: P.ErrorCode = P.ErrorCode.BAD_MESSAGE) -> P.ProtocolError:
-    return P.ProtocolError(code, message)
+    """A client event refused: an `error` event, and the session goes on (as OpenAI's does)."""
+    return P.ProtocolError(code, message, fatal=False)
 
 
 def _object(value: Any, where: str) -> dict:
