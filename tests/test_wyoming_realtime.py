@@ -369,3 +369,76 @@ def test_a_full_server_refuses_in_each_dialect_s_own_way(server):
     wyoming_error, realtime_error = asyncio.run(run())
     assert wyoming_error.type == "error" and wyoming_error.data["code"] == "server_full"
     assert realtime_error.type == "error" and realtime_error.error.code == "server_full"
+
+
+def test_metrics_count_sessions_by_dialect(server, clips):
+    import urllib.request
+
+    asyncio.run(wyoming_transcribe(server.wyoming, clips[0][: 2 * RATE]))
+    asyncio.run(realtime_transcribe(server, clips[0][: 2 * RATE], session=GA_SESSION, commit=True))
+    text = urllib.request.urlopen(server.http + "/metrics", timeout=10).read().decode()
+    counts = {d: float(next(line.split()[-1] for line in text.splitlines()
+                            if line.startswith(f'whistle_sessions_total{{dialect="{d}"}}')))
+              for d in ("wyoming", "realtime")}
+    assert counts["wyoming"] >= 1 and counts["realtime"] >= 1, counts
+
+
+def test_wyoming_is_advertised_over_zeroconf_and_drained_on_sigterm(clips):
+    """A server of its own: `--wyoming-zeroconf` is found by a zeroconf browser (on loopback), and
+    SIGTERM during a transcription still answers it with its transcript before the exit."""
+    from wyoming.asr import Transcribe
+    from wyoming.audio import AudioChunk, AudioStart
+    from wyoming.client import AsyncTcpClient
+    from zeroconf import IPVersion
+    from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
+
+    async def browse():
+        zc = AsyncZeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
+        found: list = []
+
+        class Listener:
+            def add_service(self, zc_, kind, name):
+                found.append(name)
+
+            def update_service(self, *_):
+                pass
+
+            def remove_service(self, *_):
+                pass
+
+        browser = AsyncServiceBrowser(zc.zeroconf, "_wyoming._tcp.local.", listener=Listener())
+        for _ in range(50):
+            if found:
+                break
+            await asyncio.sleep(0.2)
+        info = await zc.async_get_service_info("_wyoming._tcp.local.", found[0]) if found else None
+        await browser.async_cancel()
+        await zc.async_close()
+        return info
+
+    async def transcribe_then_sigterm(server):
+        async with AsyncTcpClient("127.0.0.1", server.wyoming) as client:
+            await client.write_event(Transcribe(language="en").event())
+            await client.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+            data = pcm16(clips[0][: 6 * RATE])
+            for i in range(0, len(data), 2 * CHUNK):
+                await client.write_event(AudioChunk(rate=RATE, width=2, channels=1, audio=data[i:i + 2 * CHUNK]).event())
+            await asyncio.sleep(1.0)
+            server.proc.terminate()   # no audio-stop: the drain ends the transcription
+            events = []
+            while (event := await asyncio.wait_for(client.read_event(), 60)) is not None:
+                events.append(event)
+                if event.type == "transcript-stop":
+                    break
+            return events
+
+    port = free_port()
+    with ServerProcess("--wyoming-port", str(port), "--wyoming-zeroconf") as s:
+        s.wyoming = port
+        info = asyncio.run(browse())
+        assert info is not None and info.port == port
+        events = asyncio.run(transcribe_then_sigterm(s))
+        assert s.proc.wait(60) == 0
+    kinds = [e.type for e in events]
+    assert kinds[0] == "transcript-start" and kinds[-2:] == ["transcript", "transcript-stop"], kinds
+    assert events[-2].data["text"]
