@@ -25,7 +25,6 @@ import numpy as np
 import soxr
 
 from whistle_stream.service import protocol as P
-from whistle_stream.service.core import SessionCore
 
 from .client import AuthFailed, ClientError, ListenClient, ServerUnreachable, check_server_url, to_pcm
 
@@ -69,6 +68,13 @@ class Caption:
         self.line, self.pending = "", ""
 
     def update(self, message: P.ServerMessage) -> None:
+        if isinstance(message, P.Ready):
+            if not message.resumed:   # which model listens, and what the demo model can hear
+                sys.stderr.write(f"whistle-listen: model {message.model} ({', '.join(message.languages)})\n")
+                if message.model_note:
+                    sys.stderr.write(f"whistle-listen: {message.model_note}\n")
+                sys.stderr.flush()
+            return
         if isinstance(message, P.Committed):
             piece = message.text if self.line else message.text.lstrip()
             self.line += piece
@@ -248,6 +254,7 @@ def _say_retry(attempt: int, retries: int, delay: float, error: Exception) -> No
 
 async def run_local(args, blocks, display, summary: Summary, model=None) -> None:
     """The engine in this process, through the session core the server runs (`SessionCore`)."""
+    from whistle_stream.service.core import SessionCore   # webrtcvad and the engine: --local only
     if model is None:
         from whistle_stream import Whistle
         model = Whistle(args.model)

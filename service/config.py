@@ -54,12 +54,14 @@ class ServiceConfig:
     resume_secret: str | None = None         # shared by replicas; None: a random one per process
     resume_ttl: float = 600.0                # seconds a resume token stays valid
     log_level: str = "info"
+    log_format: str = "auto"                 # text on a terminal, JSON lines elsewhere; or "text", "json"
     wyoming_port: int = 0                    # the Wyoming server's TCP port (10300 by convention); 0: off
     wyoming_zeroconf: bool = False           # advertise the Wyoming server over mDNS (_wyoming._tcp.local.)
 
     def __post_init__(self):
         checks = [
             (0 <= self.port <= 65535, "port must be 0..65535"),
+            (self.log_format in ("auto", "text", "json"), "log_format must be auto, text or json"),
             (0 <= self.wyoming_port <= 65535, "wyoming_port must be 0..65535 (0: no Wyoming server)"),
             (self.max_sessions >= 1, "max_sessions must be at least 1"),
             (self.workers >= 1, "workers must be at least 1"),
@@ -111,6 +113,7 @@ _HELP = {
     "resume_secret": "secret that signs resume tokens; give every replica the same (default: random, this process only)",
     "resume_ttl": "seconds a resume token stays valid",
     "log_level": "debug, info, warning or error",
+    "log_format": "text (for a person), json (one object a line), or auto: text on a terminal, json elsewhere",
     "wyoming_port": "TCP port of the Wyoming server for Home Assistant (10300 by convention; 0: off)",
     "wyoming_zeroconf": "advertise the Wyoming server over zeroconf/mDNS (_wyoming._tcp.local.)",
 }

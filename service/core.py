@@ -217,7 +217,8 @@ class SessionCore:
                  clock: Callable[[], float] = time.monotonic, resume_secret: bytes | None = None,
                  resume_ttl: float = R.DEFAULT_TTL_S, wall_clock: Callable[[], float] = time.time):
         self.engine, self.config, self.limits = engine, config, limits
-        self.session = P.Session(session_id, config, engine.name, engine.dims.languages)
+        self.session = P.Session(session_id, config, engine.name, engine.dims.languages,
+                                 getattr(engine, "note", None))
         self.observer = observer or _NoObserver()
         self.clock = clock
         self.path = self._new_path()
@@ -303,7 +304,8 @@ class SessionCore:
             self.config = P.SessionConfig(sample_rate=int(rate), encoding=str(encoding), language=language,
                                           keywords=tuple(keywords), vad=bool(vad))
             self.path = self._new_path()
-            self.session = P.Session(str(state["sid"]), self.config, self.engine.name, self.engine.dims.languages)
+            self.session = P.Session(str(state["sid"]), self.config, self.engine.name, self.engine.dims.languages,
+                                     getattr(self.engine, "note", None))
             start = int(state["from"])
             self.replay_from = start / RATE
             self.session.resume(int(state["seq"]), self.replay_from, str(state["lang"]), tuple(keywords))

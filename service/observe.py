@@ -31,6 +31,41 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+# How the text format (a person at a terminal) says the events worth a sentence; other events
+# show as their name and fields.
+_SENTENCES = {
+    "listening": lambda f: f"listening on {f['host']}:{f['port']} (at most {f['max_sessions']} sessions)",
+    "wyoming_listening": lambda f: f"Wyoming (Home Assistant) on tcp://{f['host']}:{f['port']}",
+    "compiling": lambda f: (f"still compiling the engine's kernels: {f['elapsed_s']} s" if "elapsed_s" in f else
+                            "compiling the engine's kernels for this CPU: a first start takes about a minute, "
+                            "later starts take seconds"),
+    "ready": lambda f: f"ready in {f['warm_s']:.1f} s: model {f['model']} ({', '.join(f['languages'])})",
+    "open": lambda f: f"open {f['page']} for live captions; WebSocket {f['websocket']}",
+    "model_note": lambda f: f"note: {f['note']}",
+    "signal": lambda f: f"{f['signal']}: finishing open sessions, then exiting",
+}
+
+
+class TextFormatter(logging.Formatter):
+    """Log lines for a person at a terminal: the time, then a sentence (or the event and its
+    fields), then a traceback when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = getattr(record, "fields", {})
+        event = record.getMessage()
+        try:
+            text = _SENTENCES[event](fields)
+        except (KeyError, TypeError, ValueError):
+            text = " ".join([event] + [f"{k}={v}" for k, v in fields.items()])
+        line = f"{self.formatTime(record, '%H:%M:%S')}  {record.levelname.lower():7s}  {text}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+LOG_FORMATS = ("auto", "text", "json")
+
+
 class Metrics:
     """The /metrics families, in a registry of their own (one per app)."""
 
@@ -85,9 +120,12 @@ class MetricsObserver:
         self.m.catch_ups.inc()
 
 
-def setup_logging(level: str = "info") -> None:
+def setup_logging(level: str = "info", fmt: str = "auto") -> None:
+    """Log to stderr: `text` for a person, `json` (one object a line) for a log collector; `auto`
+    is text on a terminal and JSON anywhere else."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    text = fmt == "text" or fmt == "auto" and sys.stderr.isatty()
+    handler.setFormatter(TextFormatter() if text else JsonFormatter())
     root = logging.getLogger("whistle")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -181,6 +181,7 @@ class Ready:
     resumed: bool = False         # this session continues an earlier one (`?resume=`)
     seq: int = 0                  # the last `committed.seq` already delivered
     replay_from: float = 0.0      # send the session's audio from here (seconds) on
+    model_note: str | None = None  # what a person should know about the model (the demo model's limits)
     type: str = field(default="ready", init=False)
 
 
@@ -230,7 +231,7 @@ _SERVER_TYPES = {"ready": Ready, "partial": Partial, "committed": Committed, "fi
                  "error": Error}
 _WIRE_ORDER = {
     Ready: ("session_id", "model", "languages", "language", "sample_rate", "encoding", "vad",
-            "keywords", "protocol", "resumed", "seq", "replay_from"),
+            "keywords", "protocol", "resumed", "seq", "replay_from", "model_note"),
     Partial: ("pending", "language", "revision"),
     Committed: ("seq", "text", "words", "end_of_speech", "resume", "replay_from"),
     Final: ("seq", "text", "language", "audio_seconds", "passes", "mean_pass_ms", "reason", "resume",
@@ -472,8 +473,10 @@ class Session:
     text is never revised; `final` follows the `committed` it sums up; nothing after `close`.
     """
 
-    def __init__(self, session_id: str, config: SessionConfig, model: str, languages: Sequence[str]):
+    def __init__(self, session_id: str, config: SessionConfig, model: str, languages: Sequence[str],
+                 model_note: str | None = None):
         self.session_id = session_id
+        self.model_note = model_note
         self.config = config
         self.model = model
         self.languages = tuple(languages)
@@ -497,7 +500,8 @@ class Session:
         c = self.config
         return Ready(session_id=self.session_id, model=self.model, languages=self.languages,
                      language=c.language, sample_rate=c.sample_rate, encoding=c.encoding, vad=c.vad,
-                     keywords=self.keywords, resumed=resumed, seq=self.seq, replay_from=replay_from)
+                     keywords=self.keywords, resumed=resumed, seq=self.seq, replay_from=replay_from,
+                     model_note=self.model_note)
 
     def resume(self, seq: int, audio_seconds: float, language: str, keywords: tuple[str, ...]) -> None:
         """Continue an earlier session before `ready`: its last seq, the audio it counted up to the

@@ -21,6 +21,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections import deque
@@ -127,9 +128,14 @@ class App:
 
     def _load_and_warm(self) -> float:
         t0 = time.perf_counter()
-        if self.model is None:
-            self.model = load_engine(self.config)
-        self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
+        done = threading.Event()
+        threading.Thread(target=_say_compiling, args=(done,), name="compile-progress", daemon=True).start()
+        try:
+            if self.model is None:
+                self.model = load_engine(self.config)
+            self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
+        finally:
+            done.set()
         # The gate, then one short session through the core's whole pass schedule.
         signal_ = _warm_signal(self.model.dims.rate)
         self.model.is_speech(signal_)
@@ -152,7 +158,14 @@ class App:
             return
         self.ready = True
         log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
-                  workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1, languages=list(self.model.dims.languages))
+                  workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1,
+                  languages=list(self.model.dims.languages))
+        host = self.config.host if self.config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        page = f"http://{host}:{self.port}/" if self._static else "(no page: --web-root not given)"
+        log_event("open", page=page, websocket=f"ws://{host}:{self.port}{LISTEN_PATH}")
+        note = getattr(self.model, "note", None)
+        if note:
+            log_event("model_note", note=note)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -462,6 +475,21 @@ def _realtime_dialect(model: str, languages, beta: bool, core: SessionCore) -> r
     return realtime.Dialect(model, languages, audio_seconds=lambda: core.session.audio_seconds, beta=beta)
 
 
+# A start still warming up after this long is compiling the kernels (a first start): say so, then
+# how long it has taken every COMPILE_TICK_S.
+COMPILE_NOTICE_S = 3.0
+COMPILE_TICK_S = 10.0
+
+
+def _say_compiling(done: threading.Event) -> None:
+    t0 = time.perf_counter()
+    if done.wait(COMPILE_NOTICE_S):
+        return
+    log_event("compiling")
+    while not done.wait(COMPILE_TICK_S):
+        log_event("compiling", elapsed_s=round(time.perf_counter() - t0))
+
+
 def limits_of(config: ServiceConfig) -> SessionLimits:
     """The per-session settings of the service's settings."""
     return SessionLimits(**{f.name: getattr(config, f.name) for f in dataclasses.fields(SessionLimits)})
@@ -496,7 +524,7 @@ def main(argv=None, *, model=None, web_root: Path | None = None) -> int:
         config = config_from_args(args)
     except ValueError as e:
         parser.error(str(e))
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     try:
         import uvloop
         run = uvloop.run

@@ -19,12 +19,12 @@ GOLDEN = [
              sample_rate=48000, encoding="pcm_s16le", vad=True, keywords=("Kaliko",)),
      '{"type":"ready","session_id":"abc","model":"whistle-demo","languages":["en","de"],'
      '"language":null,"sample_rate":48000,"encoding":"pcm_s16le","vad":true,"keywords":["Kaliko"],'
-     '"protocol":2,"resumed":false,"seq":0,"replay_from":0.0}'),
+     '"protocol":2,"resumed":false,"seq":0,"replay_from":0.0,"model_note":null}'),
     (P.Ready(session_id="abc", model="whistle-demo", languages=("en",), language="en", sample_rate=16000,
              encoding="pcm_s16le", vad=True, resumed=True, seq=7, replay_from=12.34),
      '{"type":"ready","session_id":"abc","model":"whistle-demo","languages":["en"],"language":"en",'
      '"sample_rate":16000,"encoding":"pcm_s16le","vad":true,"keywords":[],"protocol":2,"resumed":true,'
-     '"seq":7,"replay_from":12.34}'),
+     '"seq":7,"replay_from":12.34,"model_note":null}'),
     (P.Partial(pending=" the cat", language="en", revision=3),
      '{"type":"partial","pending":" the cat","language":"en","revision":3}'),
     (P.Committed(seq=2, text=" Hello world", words=(P.Word(" Hello", 0.24, 0.56, 0.91234),

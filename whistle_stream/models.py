@@ -32,6 +32,11 @@ MODEL_SHA256 = "b6e02f048568ac5d01a2042556c658061e699acbc0aa2a1439f52f3d461dffeb
 MODEL_URL = f"https://huggingface.co/{HF_REPO}/resolve/main/{MODEL_FILENAME}"
 
 DEMO_FILENAME = "demo.cact"
+# What a person is told wherever the demo model runs (the server's log, the captions page,
+# whistle-listen): it answers speech outside its training with fluent sentences that were not said.
+DEMO_NOTE = ("The bundled demo model hears only its own command vocabulary (numbers, times, timers, "
+             "lights, calls, reminders) in synthetic voices; for real speech get Whistle: "
+             "whistle-stream download")
 DEMO_MANIFEST = "demo.json"
 
 ENV_MODEL = "WHISTLE_MODEL"
@@ -125,6 +130,12 @@ class ModelFile:
     @property
     def languages(self) -> tuple[str, ...]:
         return self.dims.languages
+
+    @property
+    def note(self) -> str | None:
+        """What a person should know about this model before speaking to it (the demo model's
+        limits), or None."""
+        return DEMO_NOTE if self.kind == "demo" else None
 
     def is_speech(self, pcm: np.ndarray) -> bool:
         """The engine's silence gate (§8) on float32 samples at the model rate."""

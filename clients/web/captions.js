@@ -14,8 +14,8 @@ const MAX_LINES_KEPT = 500;
 
 const params = new URLSearchParams(location.search);
 const overlay = params.get("overlay") === "1";
-const ui = Object.fromEntries(["start", "stop", "language", "keywords", "status", "captions", "announce", "level",
-  "copy", "download-txt", "download-srt", "download-vtt"].map((id) => [id, document.getElementById(id)]));
+const ui = Object.fromEntries(["start", "stop", "language", "keywords", "status", "model-note", "captions", "announce",
+  "level", "copy", "download-txt", "download-srt", "download-vtt"].map((id) => [id, document.getElementById(id)]));
 
 let socket = null, context = null, media = null, node = null;
 let stopping = false, attempt = 0, resumeToken = null, rate = 16000;
@@ -116,6 +116,8 @@ function onMessage(event) {
       return;
     }
     setStatus(m.resumed ? `live again (${m.model})` : `live (${m.model})`, "live");
+    ui["model-note"].textContent = m.model_note || "";   // the demo model's limits, or nothing
+    ui["model-note"].hidden = !m.model_note;
     if (ui.language.options.length === 1) {
       for (const code of m.languages) ui.language.add(new Option(code, code));
     }
