@@ -1,0 +1,222 @@
+"""The Docker image, built and run for real with podman: a Debian base made with mmdebstrap (cached
+between runs), docker/Dockerfile built, the container run with the bundled model and with a model
+mounted read-only, a stream through it, SIGTERM's drain, the user it runs as, and its size.
+
+Runs wherever podman, runc and mmdebstrap are (`.ci/run` installs them); skipped elsewhere.
+Settings that work on hosts like CI's (docs/deploy.md): runc, cgroupfs, host networking, a lowered
+process limit, in a containers.conf of the test's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.servers import ServerProcess, free_port
+from whistle_stream.clients.client import ListenClient, SessionEnded
+from whistle_stream.models import demo_model_path
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not all(shutil.which(t) for t in ("podman", "mmdebstrap", "runc")),
+                                 reason="podman, runc and mmdebstrap are not installed (.ci/run installs them)")]
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "tests" / ".cache"
+BASE = "docker.io/library/debian:bookworm-slim"
+IMAGE = "localhost/whistle-stream:test"
+CONTAINERS_CONF = """[containers]
+default_ulimits = ["nproc=4096:4096", "nofile=20000:20000"]
+netns = "host"
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+"""
+RATE = 16000
+
+
+def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    conf = CACHE / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=check,
+                          env={**os.environ, "CONTAINERS_CONF": str(conf)})
+
+
+def ca_bundle() -> str | None:
+    """The host's CA bundle, for pip inside the build behind a proxy with its own CA."""
+    for path in (os.environ.get("PIP_CERT"), ssl.get_default_verify_paths().cafile,
+                 "/etc/ssl/certs/ca-certificates.crt"):
+        if path and Path(path).is_file():
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def image():
+    """The base (made once and kept in podman's store), then the image (podman's layer cache
+    makes a rebuild of unchanged sources quick). Prints the build time and the image's size."""
+    if podman("image", "exists", BASE, check=False).returncode != 0:
+        rootfs = CACHE / "rootfs.tar"
+        subprocess.run(["mmdebstrap", "--variant=minbase", "bookworm", str(rootfs)], check=True,
+                       capture_output=True, timeout=900)
+        podman("import", str(rootfs), BASE, timeout=300)
+        rootfs.unlink()
+    volume = ["--volume", f"{ca_bundle()}:/run/secrets/ca.crt:ro"] if ca_bundle() else []
+    t0 = time.monotonic()
+    build = podman("build", "-f", "docker/Dockerfile", "--ignorefile", "docker/Dockerfile.dockerignore", *volume,
+                   "-t", IMAGE, str(ROOT), timeout=2400, check=False)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    size = int(podman("image", "inspect", IMAGE, "--format", "{{.Size}}").stdout.strip())
+    print(f"\nimage built in {time.monotonic() - t0:.0f} s; size {size / 1e6:.0f} MB")
+    return {"size": size}
+
+
+class Container:
+    """`podman run -d` of the image with WHISTLE_* settings; `ready_s`: from the run command to
+    /readyz answering 200."""
+
+    def __init__(self, *run_args: str, env: dict | None = None):
+        self.port = free_port()
+        self.name = f"whistle-test-{os.getpid()}-{self.port}"
+        settings = {"WHISTLE_PORT": str(self.port), "WHISTLE_PROCESSES": "1", "WHISTLE_HOST": "127.0.0.1",
+                    **(env or {})}
+        flags = [x for k, v in settings.items() for x in ("-e", f"{k}={v}")]
+        t0 = time.monotonic()
+        podman("run", "-d", "--name", self.name, *flags, *run_args, IMAGE)
+        self.ready_s = self._wait_ready(t0)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def _wait_ready(self, t0: float, timeout: float = 180) -> float:
+        while time.monotonic() - t0 < timeout:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            if podman("container", "exists", self.name, check=False).returncode != 0 or \
+                    podman("inspect", self.name, "--format", "{{.State.Running}}").stdout.strip() != "true":
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"the container did not get ready: {self.logs()[-3000:]}")
+
+    def logs(self) -> str:
+        out = podman("logs", self.name, check=False)
+        return out.stdout + out.stderr
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.logs().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def remove(self) -> None:
+        podman("rm", "-f", "-t", "0", self.name, check=False)
+
+
+def stream_text(url: str, audio: np.ndarray) -> str:
+    async def run():
+        async with ListenClient(url, resume=False) as c:
+            for i in range(0, len(audio), 1600):
+                await c.send_audio(audio[i:i + 1600])
+            await c.close()
+        return c.text
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def clip():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from streaming import build_stream
+
+    audio, _ = build_stream(3, seed=5)
+    return audio
+
+
+def test_the_image_runs_the_bundled_model_as_a_checkout_does(image, clip):
+    box = Container()
+    try:
+        print(f"\ncontainer start to /readyz: {box.ready_s:.1f} s (the JIT cache baked in); "
+              f"image {image['size'] / 1e6:.0f} MB")
+        assert box.ready_s < 60            # a cold JIT compile would take about a minute on its own
+        compiling = [e for e in box.events() if e.get("event") == "compiling"]
+        assert not compiling, "the baked JIT cache was not used: the container compiled its kernels"
+        uid = podman("exec", box.name, "id", "-u").stdout.strip()
+        assert uid == "10001"
+        ours = stream_text(box.url, clip)
+    finally:
+        box.remove()
+    with ServerProcess("--processes", "1") as checkout:
+        theirs = stream_text(checkout.url, clip)
+    assert ours and ours == theirs
+
+
+def test_sigterm_answers_the_open_session_then_the_container_exits_0(image, clip):
+    box = Container(env={"WHISTLE_DRAIN_TIMEOUT": "20"})
+    try:
+        async def run():
+            async with ListenClient(box.url, resume=False) as c:
+                messages = []
+
+                async def receive():
+                    try:
+                        async for m in c:
+                            messages.append(m)
+                    except SessionEnded as e:   # the server closed with 1001 after its final
+                        messages.append(e)
+                reader = asyncio.create_task(receive())
+                for i in range(0, len(clip), 1600):
+                    await c.send_audio(clip[i:i + 1600])
+                    await asyncio.sleep(0.05)   # about real time
+                    if i == 40 * 1600:
+                        podman("kill", "--signal", "TERM", box.name)
+                        t0 = time.monotonic()
+                    if reader.done():
+                        break
+                await asyncio.wait_for(reader, 30)
+                return messages, t0
+        messages, t0 = asyncio.run(run())
+        status = podman("wait", box.name, timeout=60).stdout.strip()
+        waited = time.monotonic() - t0
+    finally:
+        box.remove()
+    finals = [m for m in messages if type(m).__name__ == "Final"]
+    assert finals and finals[-1].reason == "shutdown", messages[-3:]
+    assert isinstance(messages[-1], SessionEnded) and messages[-1].code == 1001
+    assert status == "0" and waited < 20
+    # nothing lost: the final sums up what was committed, and carries the token that resumes the rest
+    committed = "".join(m.text for m in messages if type(m).__name__ == "Committed")
+    assert finals[-1].text == committed and finals[-1].resume
+
+
+def test_a_model_mounted_read_only_is_served_from_whistle_model(image, clip, tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(demo_model_path(), models / "whistle.cact")
+    os.chmod(models, 0o755)
+    box = Container("-v", f"{models}:/models:ro,Z", env={"WHISTLE_MODEL": "/models/whistle.cact"})
+    try:
+        ready = next(e for e in box.events() if e.get("event") == "ready")
+        text = stream_text(box.url, clip)
+        writable = podman("exec", box.name, "sh", "-c", "touch /models/x 2>/dev/null && echo yes || echo no").stdout
+    finally:
+        box.remove()
+    assert ready["model"] == "whistle.cact" and text
+    assert writable.strip() == "no"
