@@ -220,3 +220,81 @@ def test_a_model_mounted_read_only_is_served_from_whistle_model(image, clip, tmp
         box.remove()
     assert ready["model"] == "whistle.cact" and text
     assert writable.strip() == "no"
+
+
+COMPOSE_CONF = CONTAINERS_CONF.replace('netns = "host"\n', "")   # compose gives each service its network
+
+
+def test_compose_runs_replicas_behind_the_balancer_and_a_session_survives_a_killed_replica(image, clip):
+    """docker/compose.yaml run by podman-compose (Debian's), on a bridge network of its own, with the
+    balancer built from Debian's HAProxy (docker/Dockerfile.haproxy): a live session through the
+    balancer goes on, with nothing lost or doubled, after `podman kill` of the replica serving it."""
+    if not shutil.which("podman-compose"):
+        pytest.skip("podman-compose is not installed (.ci/run installs it)")
+    conf = CACHE / "containers-compose.conf"
+    conf.write_text(COMPOSE_CONF)
+    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+    podman("tag", IMAGE, "localhost/whistle-stream:latest")
+    lb = subprocess.run(["podman", "build", "-f", "docker/Dockerfile.haproxy", "-t", "localhost/whistle-stream-lb:latest",
+                         "docker"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert lb.returncode == 0, lb.stderr[-2000:]
+    port = free_port()
+    env.update(WHISTLE_RESUME_SECRET="compose-test-secret-0123456789ab", WHISTLE_REPLICAS="2",
+               WHISTLE_REPLICA_CPUS="1", WHISTLE_LB_PORT=str(port), WHISTLE_LB_TLS_PORT=str(free_port()),
+               WHISTLE_LB_STATS_PORT=str(free_port()), WHISTLE_WYOMING_PORT=str(free_port()))
+    compose = ["podman-compose", "-p", f"whistletest{os.getpid()}", "-f", "docker/compose.yaml"]
+    up = subprocess.run([*compose, "up", "-d"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    try:
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
+        replicas = [f"whistletest{os.getpid()}_whistle_{i}" for i in (1, 2)]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("the balancer never answered /readyz")
+        time.sleep(3)   # both replicas up in HAProxy's checks (rise 2, every 2 s)
+
+        def serving() -> str | None:
+            for name in replicas:
+                logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, env=env)
+                if '"session_open"' in logs.stdout + logs.stderr:
+                    return name
+            return None
+
+        async def run():
+            client = ListenClient(f"ws://127.0.0.1:{port}", retries=5, backoff=0.3, max_backoff=1.0,
+                                  resume_retries=60)
+            await client.connect()
+
+            async def drain():
+                async for _ in client:
+                    pass
+            received = asyncio.create_task(drain())
+            killed = None
+            t0, block = time.monotonic(), RATE // 10
+            for i in range(0, len(clip), block):
+                await client.send_audio(clip[i:i + block])
+                if killed is None and i >= len(clip) // 2 and client.committed:
+                    killed = serving()
+                    subprocess.run(["podman", "kill", killed], capture_output=True, env=env, timeout=60)
+                await asyncio.sleep(max(0.0, t0 + (i + block) / RATE - time.monotonic()))
+            await client.request_close()
+            await asyncio.wait_for(received, 120)
+            return client, killed
+        client, killed = asyncio.run(run())
+    finally:
+        logs = subprocess.run([*compose, "logs"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
+        subprocess.run([*compose, "down", "-t", "1"], cwd=ROOT, capture_output=True, env=env, timeout=300)
+        subprocess.run(["podman", "network", "rm", f"whistletest{os.getpid()}_default"], capture_output=True,
+                       env=env, timeout=60)   # Debian's podman-compose leaves its network behind
+    assert killed is not None and client.reconnects >= 1, logs.stdout[-2000:]
+    seqs = [m.seq for m in client.committed]
+    assert seqs == list(range(1, len(seqs) + 1))                       # nothing lost or doubled
+    with ServerProcess("--processes", "1") as checkout:
+        theirs = stream_text(checkout.url, clip)
+    assert client.transcript == theirs
