@@ -228,11 +228,14 @@ def stream_through_page(driver, server, seconds: float, during=None) -> dict:
     driver.find_element("id", "start").click()
     wait_for(lambda: "live" in page_state(driver)["status"], 60, "the page to go live")
     t0 = time.monotonic()
+    model = driver.execute_script("const n = document.getElementById('model-note');"
+                                  "return {status: ui.status.textContent, note: n.textContent, shown: !n.hidden};")
     if during is not None:
         during(driver, t0)
     time.sleep(max(0.0, seconds + 3.0 - (time.monotonic() - t0)))
     driver.find_element("id", "stop").click()
-    return wait_for(lambda: (s := page_state(driver))["status"].startswith("done") and s, 30, "the final")
+    state = wait_for(lambda: (s := page_state(driver))["status"].startswith("done") and s, 30, "the final")
+    return {**state, "model": model}
 
 
 @pytest.fixture(scope="module")
@@ -317,6 +320,14 @@ def test_the_page_captions_the_microphone_within_the_streaming_line(live, speech
         pytest.xfail(f"Chromium's capture does not hold the microphone WAV (lowest window correlation "
                      f"{fidelity:.3f}, page WER {100 * got:.1f} %): the streaming line cannot be judged on it")
     assert got <= shot + STREAMING_LINE
+
+
+def test_the_page_says_which_model_runs_and_what_the_demo_model_hears(live):
+    from whistle_stream.models import DEMO_NOTE
+
+    model = live["state"]["model"]
+    assert model["status"] == "live (demo.cact)"
+    assert model["shown"] and model["note"] == DEMO_NOTE and "whistle-stream download" in model["note"]
 
 
 def test_subtitle_downloads_parse_and_match_the_committed_words(live):
