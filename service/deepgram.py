@@ -138,7 +138,9 @@ class Dialect:
             return frame
         try:
             kind = json.loads(frame).get("type")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
+            kind = None
+        if not isinstance(kind, str):
             kind = None
         mapping = {"KeepAlive": "keepalive", "Finalize": "finalize", "CloseStream": "close"}
         if kind in mapping:

@@ -229,6 +229,10 @@ class SessionRunner:
                 if e.fatal:
                     return (e.code.value, e.close_code, error)
                 self._emit([error])
+            except Exception:   # a dialect's bug on a strange frame: logged, the frame refused, the session goes on
+                self._log("dialect_error", logging.ERROR, exc_info=True)
+                self.app.metrics.rejects.labels(P.ErrorCode.BAD_MESSAGE.value).inc()
+                self._emit([P.Error(P.ErrorCode.BAD_MESSAGE, "this frame could not be read; it was dropped")])
 
     async def _end(self, reason, close_code, error, worker, sender) -> None:
         work = self.core.end(reason)
