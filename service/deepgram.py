@@ -124,6 +124,8 @@ def parse_query(query: str, languages: Sequence[str] = ()) -> tuple[P.SessionCon
 class Dialect:
     """One session's translation between Deepgram's messages and ours."""
 
+    name = "deepgram"
+
     def __init__(self, options: Options, model: str, audio_seconds: Callable[[], float]):
         self.options, self.model = options, model
         self.audio_seconds = audio_seconds   # the session's audio so far, seconds (its own count)

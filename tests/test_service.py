@@ -89,7 +89,7 @@ async def test_golden_message_sequence_for_a_short_clip(app):
     expected = [
         f'{{"type":"ready","session_id":"{sid}","model":"fake-whistle","languages":["en","de","fr",'
         '"es","it","nl","pl"],"language":null,"sample_rate":16000,"encoding":"pcm_s16le","vad":false,'
-        '"keywords":[],"protocol":2,"resumed":false,"seq":0,"replay_from":0.0}',
+        '"keywords":[],"protocol":2,"resumed":false,"seq":0,"replay_from":0.0,"model_note":null}',
         '{"type":"partial","pending":" alpha bravo","language":"en","revision":1}',
         f'{{"type":"committed","seq":1,"text":" alpha bravo","words":[{w("alpha", 0.0)},{w("bravo", 0.5)}],'
         '"end_of_speech":false,"resume":"T","replay_from":2.0}',
