@@ -38,6 +38,11 @@ class AudioInputError(Exception):
     """No usable audio input (no microphone, unreadable file)."""
 
 
+# the exit status of each failure, the first that matches (ClientError last: the others are kinds of it)
+EXIT_CODES = ((AudioInputError, EXIT_NO_AUDIO), (ServerUnreachable, EXIT_UNREACHABLE), (AuthFailed, EXIT_AUTH),
+              (ClientError, EXIT_ERROR))
+
+
 # ---------------------------------------------------------------------------------------------
 # Display
 
@@ -334,18 +339,9 @@ async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
             await run_local(args, blocks, display, summary, model=model)
         else:
             await run_remote(args, blocks, display, summary)
-    except AudioInputError as e:
+    except (AudioInputError, ClientError) as e:   # each failure a person can act on has its exit status
         sys.stderr.write(f"whistle-listen: {e}\n")
-        return EXIT_NO_AUDIO
-    except ServerUnreachable as e:
-        sys.stderr.write(f"whistle-listen: {e}\n")
-        return EXIT_UNREACHABLE
-    except AuthFailed as e:
-        sys.stderr.write(f"whistle-listen: {e}\n")
-        return EXIT_AUTH
-    except ClientError as e:
-        sys.stderr.write(f"whistle-listen: {e}\n")
-        return EXIT_ERROR
+        return next(code for kind, code in EXIT_CODES if isinstance(e, kind))
     except asyncio.CancelledError:
         sys.stderr.write("whistle-listen: interrupted\n")
         return 130

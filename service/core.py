@@ -30,8 +30,11 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
+from whistle_stream.results import StreamUpdate
+
 from . import protocol as P
 from . import resume as R
+from .config import ServiceConfig
 from .audio import RATE, AudioPath, Chunk, EndOfSpeech, TimeMap
 
 
@@ -48,11 +51,13 @@ class EngineStream(Protocol):
 
     passes: int
 
-    def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict: ...
-    def checkpoint(self) -> dict: ...   # JSON-able; "buffer_start" and "received": stream samples at 16 kHz
+    def feed(self, audio: np.ndarray, catch_up: bool = False) -> StreamUpdate: ...
+    # JSON-able; "buffer_start" and "received": stream samples at the model's rate; compact: smaller,
+    # without the last pass's reading
+    def checkpoint(self, compact: bool = False) -> dict: ...
     # audio: the utterance's last audio, fed first, its passes left to the finalize
-    def finalize(self, audio: np.ndarray | None = None) -> dict: ...
-    def finish(self, audio: np.ndarray | None = None) -> dict: ...
+    def finalize(self, audio: np.ndarray | None = None) -> StreamUpdate: ...
+    def finish(self, audio: np.ndarray | None = None) -> StreamUpdate: ...
     def configure(self, keywords=None) -> None: ...
 
 
@@ -107,16 +112,20 @@ LIVE_SLACK_S = 0.5
 # ---------------------------------------------------------------------------------------------
 # Settings and work items
 
+_SERVICE = ServiceConfig.__dataclass_fields__   # the defaults, and their meaning, are ServiceConfig's
+
+
 @dataclass(frozen=True)
 class SessionLimits:
-    """The per-session part of the service settings (`server.limits_of(ServiceConfig)`)."""
+    """The per-session part of the service settings (`server.limits_of(ServiceConfig)`); each
+    default and its meaning are ServiceConfig's field of the same name."""
 
-    step_s: float = 1.0                      # engine step
-    max_session_seconds: float = 4 * 3600.0  # audio seconds one session may send
-    control_rate: float = 10.0               # control messages per second (token bucket refill)
-    control_burst: int = 20                  # ... and bucket size
-    vad_aggressiveness: int = 2              # webrtcvad 0..3
-    end_of_speech_ms: int = 600              # trailing non-speech that ends an utterance
+    step_s: float = _SERVICE["step_s"].default
+    max_session_seconds: float = _SERVICE["max_session_seconds"].default
+    control_rate: float = _SERVICE["control_rate"].default
+    control_burst: int = _SERVICE["control_burst"].default
+    vad_aggressiveness: int = _SERVICE["vad_aggressiveness"].default
+    end_of_speech_ms: int = _SERVICE["end_of_speech_ms"].default
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,9 @@ class Reconfigure:
 @dataclass(frozen=True)
 class Reopen:
     """The session's settings changed before its first audio (`protocol.Retune`): a new engine
-    stream with its language and keywords."""
+    stream with this language (None: detected) and these keywords."""
+    language: str | None
+    keywords: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -257,10 +268,11 @@ class SessionCore:
                          end_of_speech_ms=lim.end_of_speech_ms)
 
     # -- resume ------------------------------------------------------------------------------
-    def _token_state(self, path: dict) -> dict:
+    def _token_state(self, path: dict, compact: bool = False) -> dict:
         """Everything a fresh core needs to continue this session (no audio), with the audio
-        path as `path` (the state that matches the engine's)."""
-        c, engine = self.config, self.stream.checkpoint()
+        path as `path` (the state that matches the engine's); compact: the engine's smaller
+        checkpoint."""
+        c, engine = self.config, self.stream.checkpoint(compact=compact)
         buffer_s, received_s = engine["buffer_start"] / RATE, engine["received"] / RATE
         refill = self.time_map.session_ranges(buffer_s, received_s)
         start = min([a for a, _ in refill] + [AudioPath.replay_start(path)])
@@ -278,8 +290,8 @@ class SessionCore:
             return None, None
         state = self._token_state(path)
         token = R.seal(state, self.resume_secret, self.wall_clock(), self.resume_ttl)
-        if token is None and "policy" in state["engine"]:
-            state["engine"]["policy"]["previous"] = []
+        if token is None:
+            state = self._token_state(path, compact=True)
             token = R.seal(state, self.resume_secret, self.wall_clock(), self.resume_ttl)
         return token, state["from"] / RATE
 
@@ -363,13 +375,12 @@ class SessionCore:
                                   "the first audio; this session has audio already")
         languages = self.engine.dims.languages
         if message.language is not None and message.language not in languages:
-            raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, f"unknown language {message.language[:20]!r}; "
-                                  f"this model knows {', '.join(languages)}")
+            raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, P.unknown_language(message.language, languages))
         self.config = dataclasses.replace(self.config, language=message.language, vad=message.vad)
         self.limits = dataclasses.replace(self.limits, end_of_speech_ms=message.end_of_speech_ms,
                                           vad_aggressiveness=message.vad_aggressiveness)
         self.path = self._new_path()
-        return (Reopen(),)
+        return (Reopen(message.language, tuple(self.session.keywords)),)
 
     def end(self, reason: str) -> tuple[Work, ...]:
         """The session ends (the client closed, a limit, a timeout, shutdown): the work that
@@ -480,8 +491,7 @@ class SessionCore:
                 return [P.Error(P.ErrorCode.BAD_MESSAGE, str(e)[:300])]
             return []
         if isinstance(item, Reopen):
-            self.stream = self.engine.open_stream(language=self.config.language,
-                                                  keywords=list(self.session.keywords) or None,
+            self.stream = self.engine.open_stream(language=item.language, keywords=list(item.keywords) or None,
                                                   step_s=self.limits.step_s)
             self._passes_seen = self.stream.passes
             return []
@@ -538,21 +548,22 @@ class SessionCore:
         """Replayed audio the resumed engine stream held: back into its buffer (no pass runs)."""
         self.stream.feed(np.concatenate([c.audio for c in chunks]))
 
-    def _publish(self, d: dict, *, end_of_speech: bool = False, final: str | None = None) -> list[P.ServerMessage]:
+    def _publish(self, update: StreamUpdate, *, end_of_speech: bool = False,
+                 final: str | None = None) -> list[P.ServerMessage]:
         passes = self.stream.passes - self._passes_seen
         self._passes_seen = self.stream.passes
         if passes:
-            self.observer.passes(passes, float(d.get("pass_ms", 0.0)) / 1000 / passes)
-        d = dict(d, words=[dict(w, start=self.time_map(w["start"]), end=self.time_map(w["end"]))
-                           for w in d.get("words", ())])
+            self.observer.passes(passes, update.pass_ms / 1000 / passes)
+        update = dataclasses.replace(update, words=tuple(
+            dataclasses.replace(w, start=self.time_map(w.start), end=self.time_map(w.end)) for w in update.words))
         now = self.clock()
-        for w in d["words"]:
-            arrived = self._arrived(w["end"])
+        for w in update.words:
+            arrived = self._arrived(w.end)
             if arrived is not None:
                 self.observer.commit_latency(max(0.0, now - arrived))
         if final is None:
-            return self.session.results(d, end_of_speech=end_of_speech, passes=passes)
-        return self.session.final(d, final, passes=passes)
+            return self.session.results(update, end_of_speech=end_of_speech, passes=passes)
+        return self.session.final(update, final, passes=passes)
 
     def _arrived(self, t: float) -> float | None:
         """Clock time at which session second `t` had been received (None: not known)."""

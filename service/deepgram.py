@@ -89,8 +89,7 @@ def parse_query(query: str, languages: Sequence[str] = ()) -> tuple[P.SessionCon
         if language in ("multi", "auto"):
             language = None
         elif languages and language not in languages:
-            raise DeepgramError(400, f"language {one['language'][:20]!r} is not one of the model's: "
-                                f"{', '.join(languages)}")
+            raise DeepgramError(400, P.unknown_language(one["language"], languages))
     # keyterm=phrase (Nova-3) and keywords=word:boost (older models) both become keyword phrases
     phrases = seen.get("keyterm", []) + [k.rpartition(":")[0] if ":" in k else k for k in seen.get("keywords", [])]
     try:

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
+from whistle_stream.dims import unknown_language
 from whistle_stream.subtitles import make_cues, srt, vtt
 
 from .protocol import MAX_KEYWORDS, ProtocolError, check_keywords, prompt_phrases
@@ -127,8 +128,7 @@ def parse_form(content_type: str, body: bytes, languages: Sequence[str] = ()) ->
                        param="stream")
     language = one.get("language") or None
     if language is not None and languages and language not in languages:
-        raise ApiError(400, f"language {language[:20]!r} is not one of the model's: {', '.join(languages)}",
-                       param="language")
+        raise ApiError(400, unknown_language(language, languages), param="language")
     filename, audio = files["file"]
     if not audio:
         raise ApiError(400, "the 'file' part is empty", param="file")

@@ -5,19 +5,22 @@ moves frames; this module decides what they mean. The full protocol is in docs/p
 
 Client -> server: binary frames are audio (`Audio`); text frames are JSON control messages
 (`Finalize`, `Close`, `KeepAlive`, `Configure`). Server -> client: JSON text frames (`Ready`,
-`Partial`, `Committed`, `Final`, `Error`). `Session` turns the engine's streaming dicts
-(docs/internals.md "streaming dicts") into those messages and enforces their ordering rules.
+`Partial`, `Committed`, `Final`, `Error`). `Session` turns the engine's stream updates
+(`whistle_stream.results.StreamUpdate`) into those messages and enforces their ordering rules.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Iterable, Mapping, Sequence, Union
 from urllib.parse import parse_qsl
 
 import numpy as np
+
+from whistle_stream.dims import unknown_language
+from whistle_stream.results import StreamUpdate
 
 PROTOCOL_VERSION = 2   # 2: resume tokens (`resume`, `replay_from`, `ready.resumed`)
 
@@ -157,7 +160,7 @@ class DialectInput:
 
 
 # ---------------------------------------------------------------------------------------------
-# Server messages. Field order here is the key order on the wire.
+# Server messages. Field order here is the key order on the wire (`encode`).
 
 @dataclass(frozen=True)
 class Word:
@@ -229,17 +232,6 @@ ServerMessage = Union[Ready, Partial, Committed, Final, Error]
 
 _SERVER_TYPES = {"ready": Ready, "partial": Partial, "committed": Committed, "final": Final,
                  "error": Error}
-_WIRE_ORDER = {
-    Ready: ("session_id", "model", "languages", "language", "sample_rate", "encoding", "vad",
-            "keywords", "protocol", "resumed", "seq", "replay_from", "model_note"),
-    Partial: ("pending", "language", "revision"),
-    Committed: ("seq", "text", "words", "end_of_speech", "resume", "replay_from"),
-    Final: ("seq", "text", "language", "audio_seconds", "passes", "mean_pass_ms", "reason", "resume",
-            "replay_from"),
-    Error: ("code", "message"),
-}
-
-
 def _wire_value(value):
     if isinstance(value, Enum):
         return value.value
@@ -256,8 +248,9 @@ def _wire_value(value):
 def encode(message: ServerMessage) -> str:
     """A server message -> its JSON text frame (compact, `type` first, fixed key order)."""
     out = {"type": message.type}
-    for name in _WIRE_ORDER[type(message)]:
-        out[name] = _wire_value(getattr(message, name))
+    for f in fields(message):   # the dataclass's field order is the wire's
+        if f.name != "type":
+            out[f.name] = _wire_value(getattr(message, f.name))
     return json.dumps(out, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -376,8 +369,7 @@ def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:
     if language in ("auto",):
         language = None
     if language is not None and languages and language not in languages:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"language {language[:20]!r} is not one of the "
-                            f"model's: {', '.join(languages)} (or omit it to detect)")
+        raise ProtocolError(ErrorCode.BAD_REQUEST, unknown_language(language, languages) + " (or omit it to detect)")
 
     vad = True
     if "vad" in one:
@@ -540,34 +532,34 @@ class Session:
             return " " + text
         return text
 
-    def results(self, d: Mapping, *, end_of_speech: bool = False, passes: int | None = None) -> list[ServerMessage]:
-        """An engine dict -> [Committed] (new text, or end_of_speech) then [Partial] (tail changed).
+    def results(self, d: StreamUpdate, *, end_of_speech: bool = False,
+                passes: int | None = None) -> list[ServerMessage]:
+        """An engine update -> [Committed] (new text, or end_of_speech) then [Partial] (tail changed).
 
         `passes`: how many passes the engine call ran (None: one if it spent time in passes).
         """
         if self.state is SessionState.CLOSED:
             raise RuntimeError("results() after the session closed")
         out: list[ServerMessage] = []
-        revision = int(d.get("revision", self.revision))
-        pass_ms = float(d.get("pass_ms", 0.0))
+        revision = int(d.revision)
+        pass_ms = float(d.pass_ms)
         self.passes += passes if passes is not None else int(pass_ms > 0)
         self.pass_ms += pass_ms
-        text = self._spaced(d.get("text", "") or "")
-        words = tuple(Word(str(w["word"]), float(w["start"]), float(w["end"]), float(w["probability"]))
-                      for w in d.get("words", ()))
+        text = self._spaced(d.text or "")
+        words = tuple(Word(str(w.word), float(w.start), float(w.end), float(w.probability)) for w in d.words)
         if text or words or end_of_speech:
             self.seq += 1
             self.transcript.append(text)
             out.append(Committed(seq=self.seq, text=text, words=words, end_of_speech=end_of_speech))
-        language = d.get("language", "") or self.language
-        pending = self._spaced(d.get("pending", "") or "")
+        language = d.language or self.language
+        pending = self._spaced(d.pending or "")
         if pending != self.pending or language != self.language:
             out.append(Partial(pending=pending, language=language, revision=revision))
         self.pending, self.language, self.revision = pending, language, max(revision, self.revision)
         return out
 
-    def final(self, d: Mapping | None, reason: str, passes: int | None = None) -> list[ServerMessage]:
-        """The dict that answers finalize/close (or None if the engine had nothing) -> [...] + Final."""
+    def final(self, d: StreamUpdate | None, reason: str, passes: int | None = None) -> list[ServerMessage]:
+        """The update that answers finalize/close (or None if the engine had nothing) -> [...] + Final."""
         out = self.results(d, passes=passes) if d is not None else []
         out.append(Final(seq=self.seq, text="".join(self.transcript), language=self.language,
                          audio_seconds=self.audio_seconds, passes=self.passes,

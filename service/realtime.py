@@ -138,8 +138,7 @@ def parse_session(event: dict, current: Settings, languages: Sequence[str]) -> S
             raise _error(f"transcription.language must be a string, got {type(language).__name__}")
         language = language.split("-")[0].lower() or None
         if language is not None and language not in languages:
-            raise _error(f"unknown language {transcription['language'][:20]!r}; this model knows "
-                         f"{', '.join(languages)}")
+            raise _error(P.unknown_language(transcription["language"], languages))
     prompt = transcription.get("prompt", current.prompt)
     if not isinstance(prompt, str):
         raise _error(f"transcription.prompt must be a string, got {type(prompt).__name__}")

@@ -18,10 +18,11 @@ import json
 import os
 import zlib
 
+from .config import ServiceConfig
 from .protocol import MAX_RESUME_CHARS, ErrorCode, ProtocolError
 
 VERSION = 1
-DEFAULT_TTL_S = 600.0
+DEFAULT_TTL_S = ServiceConfig.__dataclass_fields__["resume_ttl"].default   # --resume-ttl's default
 
 
 def random_secret() -> bytes:

@@ -46,6 +46,7 @@ from .http import Reply, Request as HttpRequest, diverting
 from .observe import Metrics, log_event, setup_logging
 from .resume import random_secret
 from whistle_stream import __version__
+from whistle_stream.frontend import warm_signal
 from .runner import Dialect, NativeDialect, SessionRunner, WebSocketChannel, refuse
 from . import wyoming_server
 # A request line holds the query; let one with an over-long resume token reach protocol.parse_query,
@@ -85,15 +86,6 @@ def engine_threads(config: ServiceConfig) -> int:
     """Threads that run engine calls. With worker processes a thread mostly waits on a pipe, and
     calls for one process wait their turn: enough threads that every process always has one."""
     return config.workers if config.processes == 1 else max(config.workers, 4 * config.processes)
-
-
-def _warm_signal(rate: int = 16000) -> np.ndarray:
-    """1.5 s: silence then a noisy 220 Hz tone, loud enough to pass the §8 silence gate."""
-    t = np.arange(int(1.5 * rate)) / rate
-    rng = np.random.default_rng(0)
-    tone = 0.2 * np.sin(2 * np.pi * 220 * t) + 0.02 * rng.standard_normal(len(t))
-    tone[: rate // 2] = 0.0
-    return tone.astype(np.float32)
 
 
 class App:
@@ -137,7 +129,7 @@ class App:
         finally:
             done.set()
         # The gate, then one short session through the core's whole pass schedule.
-        signal_ = _warm_signal(self.model.dims.rate)
+        signal_ = warm_signal(self.model.dims.rate)
         self.model.is_speech(signal_)
         core = SessionCore(self.model, P.SessionConfig(encoding="pcm_f32le", vad=False), self.limits,
                            session_id="warmup")

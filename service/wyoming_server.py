@@ -175,8 +175,7 @@ class Connection:
             languages = self.app.model.dims.languages
             if language is not None and (not isinstance(language, str) or language.split("-")[0].lower()
                                          not in languages):
-                await self.error(P.ErrorCode.BAD_REQUEST, f"unknown language {str(language)[:20]!r}; this model "
-                                 f"knows {', '.join(languages)}")
+                await self.error(P.ErrorCode.BAD_REQUEST, P.unknown_language(language, languages))
                 return
             self.language = language.split("-")[0].lower() if language else None
         elif AudioStart.is_type(event.type):

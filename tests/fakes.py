@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from whistle_stream.results import StreamUpdate, stream_update
+
 VOCABULARY = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
               "juliett", "kilo", "lima", "mike", "november", "oscar", "papa")
 
@@ -51,14 +53,14 @@ class FakeStream:
         text = VOCABULARY[i % len(VOCABULARY)] * self.model.word_repeat
         return {"word": " " + text, "start": i * w, "end": (i + 1) * w - 0.05, "probability": 0.9}
 
-    def _result(self, commit_to: int, pass_ms: float) -> dict:
+    def _result(self, commit_to: int, pass_ms: float) -> StreamUpdate:
         words = [self._word(i) for i in range(self.committed, commit_to)]
         self.committed = max(self.committed, commit_to)
         pending = "".join(self._word(i)["word"] for i in range(self.committed, self._words_heard()))
         language = (self.language or "en") if self.revision else ""
-        return {"text": "".join(w["word"] for w in words), "words": words, "pending": pending,
-                "language": language, "received": self.received / self.model.dims.rate,
-                "pass_ms": pass_ms, "revision": self.revision}
+        return stream_update(text="".join(w["word"] for w in words), words=words, pending=pending,
+                             language=language, received=self.received / self.model.dims.rate,
+                             pass_ms=pass_ms, revision=self.revision)
 
     def _pass(self) -> float:
         if self.model.fail_after is not None and self.revision >= self.model.fail_after:
@@ -70,7 +72,7 @@ class FakeStream:
             time.sleep(self.model.pass_s)
         return 1000.0 * self.model.pass_s + 1.0
 
-    def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict:
+    def feed(self, audio: np.ndarray, catch_up: bool = False) -> StreamUpdate:
         if self.closed:
             raise RuntimeError("feed() after finish()")
         audio = np.asarray(audio)
@@ -87,7 +89,7 @@ class FakeStream:
         commit_to = max(self.committed, self._words_heard() - self.model.tail)
         return self._result(commit_to, pass_ms)
 
-    def finalize(self, audio: np.ndarray | None = None) -> dict:
+    def finalize(self, audio: np.ndarray | None = None) -> StreamUpdate:
         self.finals.append(0 if audio is None else len(audio))
         if audio is not None:   # fed without its passes: the finalize's one pass reads it all
             self.feeds.append(len(audio))
@@ -98,7 +100,7 @@ class FakeStream:
             pass_ms = self._pass()
         return self._result(self._words_heard(), pass_ms)
 
-    def finish(self, audio: np.ndarray | None = None) -> dict:
+    def finish(self, audio: np.ndarray | None = None) -> StreamUpdate:
         d = self.finalize(audio)
         self.closed = True
         return d
@@ -108,7 +110,7 @@ class FakeStream:
 
     # The engine stream's checkpoint surface: the fake keeps no audio, so its buffer starts where
     # its last pass ended and nothing needs replaying but what came after.
-    def checkpoint(self) -> dict:
+    def checkpoint(self, compact: bool = False) -> dict:
         return {"fake": 1, "language": self.language, "step": self.step, "buffer_start": self.passed,
                 "received": self.received, "committed": self.committed, "revision": self.revision,
                 "passes": self.passes}

@@ -8,9 +8,7 @@ real time is read in full, and a frame past the size limit is refused by its clo
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -18,6 +16,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from harness.audio import demo_stream
 from harness.faults import FaultProxy
 from harness.servers import ServerProcess
 from whistle_stream.clients.client import ListenClient
@@ -33,14 +32,6 @@ def server():
     with ServerProcess("--resume-secret", SECRET, "--processes", "1") as s:
         yield s
 
-
-@pytest.fixture(scope="module")
-def clip():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from streaming import build_stream
-
-    audio, _ = build_stream(4, seed=12)
-    return audio
 
 
 async def stream(port: int, audio: np.ndarray, *, during=None, pace: float = 1.0) -> ListenClient:
@@ -62,6 +53,12 @@ async def stream(port: int, audio: np.ndarray, *, during=None, pace: float = 1.0
     await client.request_close()
     await asyncio.wait_for(received, 120)
     return client
+
+
+@pytest.fixture(scope="module")
+def clip():
+    """Four held-out demo sentences with pauses (16 kHz)."""
+    return demo_stream(4, seed=12)[0]
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import io
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
 
+from harness.audio import demo_stream
 from harness.servers import ServerProcess
 from harness.wer import wer
 from whistle_stream.clients.client import ListenClient
@@ -30,11 +29,7 @@ def server():
 @pytest.fixture(scope="module")
 def clips():
     """Six held-out demo sentences with pauses: (16 kHz audio, the sentences' text)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from streaming import build_stream
-
-    audio, utts = build_stream(6, seed=4)
-    return audio, " ".join(u[2] for u in utts)
+    return demo_stream(6, seed=4)
 
 
 @pytest.fixture(scope="module")

@@ -134,7 +134,7 @@ def test_silence_and_noise_give_empty_transcripts(demo, kind):
     audio = {"silence": np.zeros(len(t), np.float32),
              "white_noise": 0.03 * rng.standard_normal(len(t)),
              "hum": 0.05 * np.sin(2 * np.pi * 50 * t)}[kind].astype(np.float32)
-    assert demo.transcribe(audio) == {"text": "", "language": "", "ttft_ms": 0.0, "decode_tps": 0.0}
+    assert demo.transcribe(audio).to_dict() == {"text": "", "language": "", "ttft_ms": 0.0, "decode_tps": 0.0}
 
 
 def test_a_misheard_word_is_transcribed_with_its_keyword(demo, beam_hyps):
@@ -516,7 +516,7 @@ def test_a_restored_demo_stream_commits_the_same_words_at_every_seam(demo):
                 state = json.loads(json.dumps(session.checkpoint()))
                 session = type(session).restore(demo, state)
                 replay = audio[int(round(session.buffer_start_s * RATE)):state["received"]]
-                assert session.feed(replay)["words"] == []
+                assert session.feed(replay).words == ()
                 i, seams = state["received"], seams + 1
             out.append(session.feed(audio[i:i + RATE // 2]))
             i += RATE // 2

@@ -53,12 +53,18 @@ def test_native_control_frames_raise_only_protocol_errors(text):
         pytest.fail("a nested frame reached the recursion limit unguarded")
 
 
+QUERY_PARSERS = {"native": (P.parse_query, P.ProtocolError), "deepgram": (deepgram.parse_query, deepgram.DeepgramError),
+                 "realtime": (lambda q, _: realtime.check_query(q), P.ProtocolError)}
+
+
+@pytest.mark.parametrize("dialect", sorted(QUERY_PARSERS))
 @FUZZ
-@given(st.text(max_size=200))
-def test_native_queries_raise_only_protocol_errors(query):
+@given(query=st.text(max_size=200))
+def test_queries_raise_only_the_dialect_s_error(dialect, query):
+    parse, error = QUERY_PARSERS[dialect]
     try:
-        P.parse_query(query, LANGUAGES)
-    except P.ProtocolError as e:
+        parse(query, LANGUAGES)
+    except error as e:
         assert e.message
 
 
@@ -74,15 +80,6 @@ def test_native_audio_raises_only_bad_audio(data, encoding):
 
 
 # ---- Deepgram ------------------------------------------------------------------------------------
-
-@FUZZ
-@given(st.text(max_size=200))
-def test_deepgram_queries_raise_only_deepgram_errors(query):
-    try:
-        deepgram.parse_query(query, LANGUAGES)
-    except deepgram.DeepgramError as e:
-        assert e.status == 400 and e.message
-
 
 @FUZZ
 @given(st.one_of(st.text(max_size=100), json_values.map(json.dumps), st.binary(max_size=20)))

@@ -15,7 +15,6 @@ import os
 import shutil
 import ssl
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.audio import demo_stream
 from harness.servers import ServerProcess, free_port
 from whistle_stream.clients.client import ListenClient, SessionEnded
 from whistle_stream.models import demo_model_path
@@ -143,11 +143,7 @@ def stream_text(url: str, audio: np.ndarray) -> str:
 
 @pytest.fixture(scope="module")
 def clip():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from streaming import build_stream
-
-    audio, _ = build_stream(3, seed=5)
-    return audio
+    return demo_stream(3, seed=5)[0]
 
 
 def test_the_image_runs_the_bundled_model_as_a_checkout_does(image, clip):

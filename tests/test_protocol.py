@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from whistle_stream.results import stream_update
 from whistle_stream.service import protocol as P
 from whistle_stream.service.protocol import ErrorCode as E
 
@@ -215,10 +216,9 @@ def test_frame_level_errors_are_not_fatal_and_limits_are():
 # -- the session state machine -----------------------------------------------------------------
 
 def engine(text="", words=(), pending="", language="en", revision=1, pass_ms=10.0):
-    return {"text": text, "words": [dict(word=w, start=0.1 * i, end=0.1 * i + 0.1, probability=0.9)
-                                     for i, w in enumerate(words)],
-            "pending": pending, "language": language, "received": 1.0, "pass_ms": pass_ms,
-            "revision": revision}
+    return stream_update(text=text, words=[dict(word=w, start=0.1 * i, end=0.1 * i + 0.1, probability=0.9)
+                                           for i, w in enumerate(words)],
+                         pending=pending, language=language, received=1.0, pass_ms=pass_ms, revision=revision)
 
 
 def open_session():

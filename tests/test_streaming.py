@@ -302,7 +302,7 @@ def test_finishing_a_buffer_of_sub_step_values_runs_no_pass():
         session.feed(fill[: RATE // 4])   # under a step's worth of audio: no pass yet
         before = len(model.passes)
         out = session.finish()
-        assert out["words"] == [] and len(model.passes) == before, model.passes
+        assert out["words"] == () and len(model.passes) == before, model.passes
 
 
 class Babbler(FakeModel):
@@ -333,7 +333,7 @@ def test_more_words_than_the_audio_could_hold_are_not_heard():
     session = StreamSession(Babbler(short_s=0.8))
     out = session.feed(burst)
     out = session.finalize()
-    assert out["words"] == [] and session.pending_text == ""
+    assert out["words"] == () and session.pending_text == ""
     z = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
     words = session.feed(np.concatenate([z(0.5), np.full(int(1.2 * RATE), 2 * UNIT, np.float32), z(1.5)]))["words"]
     words += session.finish()["words"]
@@ -472,7 +472,7 @@ def _resumed_run(audio: np.ndarray, cut_at: list[int], chunk: int = 1600, model=
             session = StreamSession.restore(model, state)
             i = int(round(session.buffer_start_s * RATE))   # the client replays from there
             replay = audio[i:state["received"]]
-            assert session.feed(replay)["words"] == []         # no pass re-runs on replayed audio
+            assert session.feed(replay)["words"] == ()         # no pass re-runs on replayed audio
             i = state["received"]
         out.append(session.feed(audio[i:i + chunk]))
         i += chunk

@@ -234,7 +234,7 @@ def test_gated_audio_returns_empty_results_without_decoding(tiny, kind, monkeypa
 
     monkeypatch.setattr(tiny, "_encode", no_encoder)
     out = tiny.transcribe(pcm, word_timestamps=True)
-    assert out["text"] == "" and out["language"] == "" and out["words"] == []
+    assert out["text"] == "" and out["language"] == "" and out["words"] == ()
     assert tiny.transcribe(pcm)["text"] == "" and "words" not in tiny.transcribe(pcm)
 
 

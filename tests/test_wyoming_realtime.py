@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import soxr
 
+from harness.audio import demo_stream
 from harness.servers import ServerProcess, free_port
 from harness.wer import wer
 from whistle_stream.clients.client import ListenClient
@@ -36,11 +35,7 @@ def server():
 @pytest.fixture(scope="module")
 def clips():
     """Five held-out demo sentences with pauses: (16 kHz audio, the sentences' text)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from streaming import build_stream
-
-    audio, utts = build_stream(5, seed=7)
-    return audio, " ".join(u[2] for u in utts)
+    return demo_stream(5, seed=7)
 
 
 @pytest.fixture(scope="module")

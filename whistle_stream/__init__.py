@@ -2,12 +2,17 @@
 
     from whistle_stream import Whistle
     model = Whistle()                      # the default model (see whistle_stream.models)
-    model.transcribe("clip.wav")           # {"text", "language", "ttft_ms", "decode_tps"}
+    model.transcribe("clip.wav").text      # a Transcription (whistle_stream.results)
 """
 
 from .errors import AudioError, ModelFormatError, WhistleError
 
-__version__ = "0.1.0"
+try:   # one definition: the version pyproject.toml gives the installed package
+    from importlib.metadata import PackageNotFoundError, version as _version
+
+    __version__ = _version("whistle-stream")
+except PackageNotFoundError:   # a source tree that was never installed
+    __version__ = "0+unknown"
 __all__ = ["Whistle", "WhistleError", "ModelFormatError", "AudioError", "__version__"]
 
 

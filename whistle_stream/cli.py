@@ -243,8 +243,10 @@ class _UsageError(WhistleError):
 
 
 def _as_dict(result) -> dict:
-    if dataclasses.is_dataclass(result) and not isinstance(result, type):
-        return dataclasses.asdict(result)
+    """A transcription as its JSON shape: `Transcription.to_dict()` (an engine stand-in in the
+    tests may hand back a plain dict)."""
+    if hasattr(result, "to_dict"):
+        return result.to_dict()
     if isinstance(result, dict):
         return result
     if isinstance(result, str):

@@ -13,9 +13,10 @@ this pass and the previous one agree word for word is committed. Committed words
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from .results import Word
 from .rules import ends_sentence
 from .search import LOOP_MAX_UNIT, LOOP_REPEATS, cut_loop, find_loop
 
@@ -31,34 +32,6 @@ DOUBLED_MIN_WORDS = 3  # a hypothesis ending in a unit of at least this many wor
 # number of equal first words, then aligned with them word by word (substitutions allowed).
 RESTART_MIN_WORDS = 3
 MIN_COMMIT_PROBABILITY = 0.6  # see CommitPolicy's min_probability
-
-
-@dataclass(frozen=True)
-class Word:
-    """One word of a hypothesis; times in seconds from the stream start."""
-
-    word: str
-    start: float
-    end: float
-    probability: float = 1.0
-
-    @classmethod
-    def coerce(cls, item: "Word | dict") -> "Word":
-        """A Word from a Word or a {"word", "start", "end"[, "probability"]} dict."""
-        if isinstance(item, Word):
-            return item
-        if not isinstance(item, dict):
-            raise TypeError(f"words must be Word objects or dicts with word/start/end, got {type(item).__name__}")
-        try:
-            return cls(str(item["word"]), float(item["start"]), float(item["end"]),
-                       float(item.get("probability", 1.0)))
-        except KeyError as e:
-            raise ValueError(f"a word dict needs the keys word, start and end; missing {e}") from e
-
-    def to_dict(self) -> dict:
-        """The dict a stream reports; times rounded to the microsecond as `received` is (rounding
-        both the same way keeps a word that ends with the audio within what was received)."""
-        return {**asdict(self), "start": round(float(self.start), 6), "end": round(float(self.end), 6)}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import numpy as np
 from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
+from .rules import BEAMS
 from .kernels.simd import PACKED_BITS
 from .kernels.decoder import (
     CrossAttention, HadamardMlp, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
@@ -355,7 +356,7 @@ class Decoder:
         enc = self._check_memory(enc)
         return B.fake_quant_int8(enc + self.pe_gate * sinusoids(enc.shape[0], self.dims.width))
 
-    def start(self, enc: np.ndarray, beams: int = 5) -> DecoderState:
+    def start(self, enc: np.ndarray, beams: int = BEAMS) -> DecoderState:
         """A fresh decode over the encoder output `enc` (frames, width) float32, room for `beams`
         rows. Projects each kept layer's cross-attention K/V once."""
         cap = _beam_rows(beams)

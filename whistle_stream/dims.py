@@ -13,6 +13,18 @@ HADAMARD_COND_RANK = 8
 ENGRAM_CONV_TAPS = 4
 
 
+def unknown_language(language: object, languages) -> str:
+    """The one message for a language a model lacks: what was asked and what the model knows."""
+    return f"unknown language {str(language)[:20]!r}; this model knows {', '.join(languages)}"
+
+
+def check_language(language: str | None, languages) -> str | None:
+    """`language` when the model knows it (None: detect); ValueError(unknown_language) otherwise."""
+    if language is not None and (not isinstance(language, str) or language not in languages):
+        raise ValueError(unknown_language(language, languages))
+    return language
+
+
 def hadamard_blocks(n: int) -> tuple[int, int]:
     """The two Kronecker factor sizes of an n-point Hadamard MLP (needle `_hada_blocks`)."""
     a = 1 << ((n - 1).bit_length() // 2)
@@ -74,14 +86,6 @@ class Dims:
         return self.text_vocab
 
     @property
-    def stem_mels(self) -> int:
-        """Mel bands left after the stem's stride-2 stages (80 -> 10), rounding up."""
-        m = self.mels
-        for _ in range(self.stem_stages):
-            m = (m + 1) // 2
-        return m
-
-    @property
     def samples_per_frame(self) -> int:
         """Samples per encoder frame: hop x 2^stages (1280 at 16 kHz, guide §4)."""
         return self.hop * (1 << self.stem_stages)
@@ -91,20 +95,6 @@ class Dims:
         """Seconds per encoder frame, also the resolution of word times (80 ms, guide §4)."""
         return self.samples_per_frame / self.rate
 
-    @property
-    def hada_blocks(self) -> tuple[int, int]:
-        return hadamard_blocks(self.hada_n)
-
-    @property
-    def engram_width(self) -> int:
-        """Width of the concatenated engram fetch (tables x sub_dim)."""
-        return self.engram_tables * self.engram_sub_dim
-
     def language_id(self, code: str) -> int:
         """Token id of a language tag; ValueError naming the model's languages otherwise."""
-        try:
-            return self.first_tag + self.languages.index(code)
-        except ValueError:
-            raise ValueError(
-                f"unknown language {code!r}; this model knows {', '.join(self.languages)}"
-            ) from None
+        return self.first_tag + self.languages.index(check_language(code, self.languages))

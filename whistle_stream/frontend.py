@@ -35,6 +35,16 @@ _WAVE_PCM, _WAVE_FLOAT, _WAVE_EXTENSIBLE = 1, 3, 0xFFFE
 # ---------------------------------------------------------------- loading
 
 
+def warm_signal(rate: int = 16000) -> np.ndarray:
+    """1.5 s that warms every path: 0.5 s of silence, then a noisy 220 Hz tone loud enough to pass
+    the §8 silence gate (the engine's warm-up, and the service's first session through its core)."""
+    t = np.arange(int(1.5 * rate)) / rate
+    rng = np.random.default_rng(0)
+    tone = 0.2 * np.sin(2 * np.pi * 220 * t) + 0.02 * rng.standard_normal(len(t))
+    tone[: rate // 2] = 0.0
+    return tone.astype(np.float32)
+
+
 def load_audio(audio, rate: int | None = None) -> np.ndarray:
     """Any supported audio -> float32 mono samples at 16 kHz.
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .rules import (LOUDNESS, PAUSE_FRAME, PAUSE_S, WINDOW_S, ends_sentence, frame_levels, quiet, runs,
+from .rules import (LOUDNESS, PAUSE_S, WINDOW_S, ends_sentence, frame_levels, pause_frame, quiet, runs,
                     speech_level)
 
 _EPS = 1e-9
@@ -105,7 +105,7 @@ def utterance_spans(pcm: np.ndarray, rate: int = 16000, pause_s: float = PAUSE_S
     (sentences said with short breaths between them), again and again. Spans cover the clip
     without gaps; a clip without pauses is one span; digital silence is no span at all."""
     n_samples = len(pcm)
-    frame = PAUSE_FRAME * rate // 16000
+    frame = pause_frame(rate)
     rms = frame_levels(pcm, rate)
     level = speech_level(rms)
     if n_samples == 0 or level <= 0.0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -17,13 +18,16 @@ import numpy as np
 from . import frontend
 from .alignment import _word_starts, sounding_frames, trim_to_sound, word_times
 from .decoder import Decoder, DecoderState
+from .dims import check_language
 from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
 from .models import ModelFile
-from .rules import WINDOW_S
+from .results import Decoding, Transcription, Word
+from .rules import BEAMS, WINDOW_S
 from .search import _text_logprobs, beam_search, greedy_draft
-from .streaming import PassMemo, sound_span
+from .streaming import PassMemo, StreamSession, sound_span
+from .streaming import stream as stream_updates
 
 # A prefix is fed only while this many positions stay after it (the prompt, some text, </s>).
 PREFIX_ROOM = 64
@@ -51,11 +55,7 @@ class Whistle(ModelFile):
         return frontend.load_audio(audio, rate)
 
     def check_language(self, language: str | None) -> str | None:
-        if language is None:
-            return None
-        if not isinstance(language, str) or language not in self.dims.languages:
-            raise ValueError(f"unknown language {language!r}; this model knows {', '.join(self.dims.languages)}")
-        return language
+        return check_language(language, self.dims.languages)
 
     def parse_keywords(self, keywords) -> list[str]:
         return parse_keywords(keywords)
@@ -206,10 +206,10 @@ class Whistle(ModelFile):
         return [{**w, "start": float(min(w["start"], duration)), "end": float(min(w["end"], duration))}
                 for w in trim_to_sound(timed, sounding, d.frame_seconds)]
 
-    def align(self, audio, text: str, language: str | None = None) -> list[dict]:
+    def align(self, audio, text: str, language: str | None = None) -> list[Word]:
         """Forced alignment: word times of a known transcript over audio of at most 30 s (§8's
-        teacher-forced pass, run on `text` instead of a transcript the search chose):
-        [{word, start, end, probability}], seconds from the clip start. The language is detected
+        teacher-forced pass, run on `text` instead of a transcript the search chose): `Word`s
+        (word, start, end, probability), seconds from the clip start. The language is detected
         as `transcribe` does unless given. For subtitles of a known script, and to measure word
         timing apart from recognition."""
         d = self.dims
@@ -231,24 +231,25 @@ class Whistle(ModelFile):
         logits, weights = self.decoder.logits_and_weights(enc, [d.bos, tag] + tokens)
         text, top, log_mass = _text_logprobs(logits[1:-1], d.text_vocab)  # row i predicts tokens[i]
         probs = np.exp((text[np.arange(len(tokens)), tokens].astype(np.float64) - top) - log_mass)
-        return self._word_times(pcm, len(enc), weights, tokens, probs, open_end=False)
+        return [Word.coerce(w) for w in self._word_times(pcm, len(enc), weights, tokens, probs, open_end=False)]
 
-    def decode(self, audio, language: str | None = None, keywords=None, beams: int = 5) -> dict:
-        """One window (<= 30 s) without the silence gate: {"tokens", "text", "language"}.
+    def decode(self, audio, language: str | None = None, keywords=None, beams: int = BEAMS) -> Decoding:
+        """One window (<= 30 s) without the silence gate: its tokens, text and language.
 
         The token-level view of `transcribe`, for scoring and tests."""
         pcm = self.load_audio(audio)
         if len(pcm) > int(WINDOW_S * self.dims.rate):
             raise ValueError(f"decode takes at most {WINDOW_S:g} s of audio; use transcribe for longer clips")
         r = self._decode(pcm, self.check_language(language), self._biaser(keywords), _check_beams(beams), False)
-        return {"tokens": list(r["tokens"]), "text": r["text"], "language": r["language"]}
+        return Decoding(tokens=tuple(int(t) for t in r["tokens"]), text=r["text"], language=r["language"])
 
     def transcribe(self, audio, language: str | None = None, keywords=None, word_timestamps: bool = False,
-                   beams: int = 5, by: str = "windows", progress: Callable[[float, float], None] | None = None) -> dict:
+                   beams: int = BEAMS, by: str = "windows",
+                   progress: Callable[[float, float], None] | None = None) -> Transcription:
         """Transcribe a clip of any length.
 
-        Returns {"text", "language", "ttft_ms", "decode_tps"} (+ "words": [{word, start, end,
-        probability}] in seconds from the clip start when word_timestamps). Audio the silence gate
+        Returns a `Transcription`: text, language, ttft_ms, decode_tps, and with word_timestamps
+        its `Word`s (word, start, end, probability; seconds from the clip start). Audio the silence gate
         (§8) stops returns empty text and language without decoding.
 
         by="windows" runs the guide's passes exactly: up to 30 s in one, longer audio in 30 s
@@ -279,13 +280,13 @@ class Whistle(ModelFile):
                            r["words"] if word_timestamps else None)
         return self._transcribe_long(pcm, language, biaser, beams, word_timestamps, progress)
 
-    def _transcribe_utterances(self, pcm, language, biaser, beams, word_timestamps, progress) -> dict:
+    def _transcribe_utterances(self, pcm, language, biaser, beams, word_timestamps, progress) -> Transcription:
         """Each utterance between the clip's pauses on its own (windows inside a long one); the
         language is detected on the first utterance with speech, then held."""
         d = self.dims
         total_s = len(pcm) / d.rate
         stats = {"language": language, "ttft": None, "decode_s": 0.0, "tokens": 0}
-        words: list[dict] = []
+        words: list[Word] = []
         for span_start, span_end in utterance_spans(pcm, d.rate):
             # framed as a stream's pass frames an utterance (digital silence around it)
             first, last = sound_span(pcm[span_start:span_end], d.rate)
@@ -294,8 +295,7 @@ class Whistle(ModelFile):
                 continue
             part = self._transcribe_long(pcm[start:end], stats["language"], biaser, beams, True, None, stats)
             offset = start / d.rate
-            words += [{**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)}
-                      for w in part["words"]]
+            words += [replace(w, start=round(w.start + offset, 3), end=round(w.end + offset, 3)) for w in part.words]
             if progress is not None:
                 progress(span_end / d.rate, total_s)
         if progress is not None:
@@ -303,7 +303,8 @@ class Whistle(ModelFile):
         return _result(" ".join(w["word"] for w in words), stats["language"] or "", stats["ttft"] or 0.0,
                        stats["decode_s"], stats["tokens"], words if word_timestamps else None)
 
-    def _transcribe_long(self, pcm, language, biaser, beams, word_timestamps, progress=None, stats=None) -> dict:
+    def _transcribe_long(self, pcm, language, biaser, beams, word_timestamps, progress=None,
+                         stats=None) -> Transcription:
         """Guide §8: 30 s windows, each cut at its last sentence end / word end; next starts there.
         `stats` carries the language and timings across calls (utterances)."""
         d = self.dims
@@ -344,7 +345,7 @@ class Whistle(ModelFile):
         output, and with the same settings its reading (the same result, not computed again)."""
         pcm = self.load_audio(audio)
         language = self.check_language(language)
-        beams = _check_beams(beams or 5)
+        beams = _check_beams(beams or BEAMS)
         biaser = self._biaser(keywords)
         guess = _check_draft(draft, self.dims.text_vocab)
         settings = (language, tuple(parse_keywords(keywords)), beams, bool(open_end), prefix)
@@ -372,36 +373,26 @@ class Whistle(ModelFile):
 
     # ---- streaming -------------------------------------------------------------------------
     def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0):
-        """A live stream (docs/streaming.md): feed(audio) / finalize() / finish() -> dicts."""
-        from .streaming import StreamSession
-
+        """A live stream (docs/streaming.md): feed(audio) / finalize() / finish() -> StreamUpdates."""
         return StreamSession(self, language=language, keywords=keywords, step_s=step_s)
 
     def restore_stream(self, state: dict, keywords=None):
         """A live stream that continues another's `checkpoint()` (feed it the audio from the
         checkpoint's `buffer_start_s` on). Raises ValueError for a state it cannot continue."""
-        from .streaming import StreamSession
-
         return StreamSession.restore(self, state, keywords=keywords)
 
     def stream(self, chunks, language: str | None = None, keywords=None, step_s: float = 1.0):
-        """Generator: one dict per chunk of audio, then the final dict (like needle.Whistle.stream)."""
-        from .streaming import stream
-
-        return stream(self, chunks, language=language, keywords=keywords, step_s=step_s)
+        """Generator: one StreamUpdate per chunk of audio, then finish()'s (like needle.Whistle.stream)."""
+        return stream_updates(self, chunks, language=language, keywords=keywords, step_s=step_s)
 
     def warmup(self) -> float:
         """Compile/load every kernel on a short synthetic clip; returns the seconds it took."""
         t0 = time.perf_counter()
-        rng = np.random.default_rng(0)
-        t = np.arange(self.dims.rate) / self.dims.rate
-        pcm = (0.1 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t))
-               + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
-        enc = self._encode(pcm)
-        state = self.decoder.start(enc, beams=5)
+        enc = self._encode(frontend.warm_signal(self.dims.rate))
+        state = self.decoder.start(enc, beams=BEAMS)
         logits = self.decoder.feed(state, [self.dims.bos, self.dims.first_tag])[0, -1]
         beam_search(logits, self.decoder.advance_fn(state), first_tag=self.dims.first_tag, eos=self.dims.eos,
-                    max_len=min(self.dims.max_tokens, 8), beams=5)
+                    max_len=min(self.dims.max_tokens, 8), beams=BEAMS)
         self.decoder.cross_attention_weights(enc, [self.dims.bos, self.dims.first_tag, 5])
         return time.perf_counter() - t0
 
@@ -430,9 +421,7 @@ def _check_beams(beams) -> int:
     return int(beams)
 
 
-def _result(text, language, ttft_s, decode_s, tokens, words) -> dict:
-    out = {"text": text, "language": language, "ttft_ms": round(ttft_s * 1000.0, 3),
-           "decode_tps": round(tokens / decode_s, 3) if decode_s > 0 else 0.0}
-    if words is not None:
-        out["words"] = words
-    return out
+def _result(text, language, ttft_s, decode_s, tokens, words) -> Transcription:
+    return Transcription(text=text, language=language, ttft_ms=round(ttft_s * 1000.0, 3),
+                         decode_tps=round(tokens / decode_s, 3) if decode_s > 0 else 0.0,
+                         words=None if words is None else tuple(Word.coerce(w) for w in words))

@@ -24,6 +24,12 @@ _CLOSERS = "\"'\u201d\u2019)]}\u00bb"   # a sentence can end inside a quote or b
 WORD_START = "\u2581"       # "▁": sentencepiece's visible space, which opens a word's first piece
 SPEECH_PERCENTILE = 90.0    # the frame RMS percentile that stands for a clip's speech level
 PAUSE_FRAME = 320           # samples at 16 kHz: the 20 ms frames pauses are measured in
+BEAMS = 5                   # the guide's beam width (§6): every search that does not say otherwise
+
+
+def pause_frame(rate: int) -> int:
+    """Samples in one 20 ms frame at `rate`."""
+    return PAUSE_FRAME * rate // 16000
 PAUSE_S = 0.45              # quiet frames (`LOUDNESS.pause_db`) this long make a pause between utterances
 
 
@@ -63,7 +69,7 @@ LEVEL_BLOCK_FRAMES = 1500  # 30 s of 20 ms frames (`frame_levels` works through 
 def frame_levels(audio: np.ndarray, rate: int = 16000) -> np.ndarray:
     """RMS of each 20 ms frame of `audio`, frames aligned to its end (a partial frame at the start
     is left out); empty when the audio is shorter than a frame."""
-    frame = PAUSE_FRAME * rate // 16000
+    frame = pause_frame(rate)
     n = len(audio) // frame
     frames = np.asarray(audio[len(audio) - n * frame:], np.float32).reshape(n, frame)
     out = np.empty(n, np.float64)

@@ -22,6 +22,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .rules import BEAMS
+
 LOOP_MAX_UNIT = 8  # §6: "a unit of up to eight tokens"
 LOOP_REPEATS = 4  # §6: "repeated four times at the end"
 
@@ -130,7 +132,7 @@ def beam_search(
     first_tag: int,
     eos: int,
     max_len: int,
-    beams: int = 5,
+    beams: int = BEAMS,
     candidates: int = 6,
     biaser: Biaser | None = None,
     prompt_len: int = 2,

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 
-from .commit import CommitPolicy, Word
+from .commit import CommitPolicy
+from .results import StreamUpdate, Word
 from .longform import cut_point
-from .rules import (LOUDNESS, PAUSE_FRAME, PAUSE_S, WINDOW_S, frame_levels, quiet, quiet_under, runs,
+from .rules import (LOUDNESS, PAUSE_S, WINDOW_S, frame_levels, pause_frame, quiet, quiet_under, runs,
                     speech_level)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,9 +34,6 @@ MIN_STEP_S, MAX_STEP_S = 0.1, 10.0  # the pass step a stream accepts (the servic
 # Audio kept before the first uncommitted word when trimming: word edges are only known to one
 # encoder frame (80 ms), and a little left context keeps the first pending word's onset intact.
 TRIM_MARGIN_S = 0.24
-# A pause (rules.PAUSE_S of quiet 20 ms frames) in the newest step of audio ends an utterance:
-# the words before it are committed (the pass heard their whole utterance) and the buffer
-# restarts at the pause.
 # Words two passes agree on are committed only once they end HOLD_S before the pass's audio ends;
 # the newest second stays pending, and at a pause the whole utterance is read at once
 # (docs/streaming.md has the measurements behind the figure).
@@ -89,13 +87,13 @@ class PassMemo:
 class StreamSession:
     """One live stream over a shared model. Not thread-safe: feed it from one thread at a time.
 
-    feed(audio) -> dict, finalize() -> dict, finish() -> dict; each dict holds what this call
-    committed (`text`, `words` with times in seconds from the stream start), the unconfirmed tail
-    (`pending`), `language`, `received` seconds, `pass_ms` (0 when no pass ran) and `revision`.
+    feed(audio), finalize(), finish() -> `results.StreamUpdate`: what this call committed (`text`,
+    `words` with times in seconds from the stream start), the unconfirmed tail (`pending`),
+    `language`, `received` seconds, `pass_ms` (0 when no pass ran) and `revision`.
     """
 
     def __init__(self, model: "Whistle", language: str | None = None, keywords=None, step_s: float = 1.0,
-                 beams: int | None = None, on_pass: Callable[[dict], None] | None = None,
+                 beams: int | None = None, on_pass: Callable[[StreamUpdate], None] | None = None,
                  on_trim: Callable[[float], None] | None = None, stable_at_pause: bool = True,
                  prefill: bool = True, interim_beams: int | None = INTERIM_BEAMS):
         if not (MIN_STEP_S <= float(step_s) <= MAX_STEP_S):
@@ -118,7 +116,7 @@ class StreamSession:
         self.language = model.check_language(language) if language is not None else ""
         self.keywords = keywords
         self.beams = beams
-        self.on_pass = on_pass  # called with the dict of each single pass (tests, metrics)
+        self.on_pass = on_pass  # called with the StreamUpdate of each single pass (tests, metrics)
         self.on_trim = on_trim  # called with the buffer's new start (seconds) at each trim (tests)
         self.policy = CommitPolicy()
         self.revision = 0
@@ -138,16 +136,21 @@ class StreamSession:
         self._memo = PassMemo()  # what the last pass heard and read, for a pass that hears it again
 
     # ---- checkpoints -----------------------------------------------------------------------
-    def checkpoint(self) -> dict:
+    def checkpoint(self, compact: bool = False) -> dict:
         """The stream's state without its audio (JSON-able): with `restore` and the audio from
         `buffer_start_s` on fed again, a new stream continues exactly as this one would. Passes do
-        not run again on the re-fed audio: the next pass is where this stream's next pass is."""
+        not run again on the re-fed audio: the next pass is where this stream's next pass is.
+        compact: without the last pass's reading (a state that must be small: the restored stream
+        then waits one pass longer before two passes agree)."""
+        policy = self.policy.state()
+        if compact:
+            policy["previous"] = []
         return {"v": 1, "rate": int(self.rate), "step": int(self.step), "buffer_start": int(self._buffer_start),
                 "received": int(self._received), "next_pass": int(self._next_pass), "heard_to": int(self._heard_to),
                 "speech_level": float(self._speech_level),
                 "pause_at": None if self._pause_at is None else int(self._pause_at), "language": self.language,
                 "revision": int(self.revision), "committed_words": int(self._committed_words),
-                "passes": int(self.passes), "policy": self.policy.state()}
+                "passes": int(self.passes), "policy": policy}
 
     @property
     def buffer_start_s(self) -> float:
@@ -189,7 +192,7 @@ class StreamSession:
         self.model.parse_keywords(keywords)  # validate now, not at the next pass
         self.keywords = keywords
 
-    def feed(self, audio, catch_up: bool = False) -> dict:
+    def feed(self, audio, catch_up: bool = False) -> StreamUpdate:
         """Append audio (float32 16 kHz mono, or anything `load_audio` accepts at the model's rate).
 
         catch_up: when the audio completes several steps, skip the passes that would only read
@@ -234,7 +237,7 @@ class StreamSession:
         ends in its newest `new` samples (the audio since the pass before), or None."""
         return last_pause(audio, self.rate, len(audio) - new, leading=False)
 
-    def finalize(self, audio=None) -> dict:
+    def finalize(self, audio=None) -> StreamUpdate:
         """Commit the pending tail now (end of an utterance) and keep streaming.
 
         audio: the utterance's last audio, appended first: `feed(audio)` then `finalize()` in
@@ -263,7 +266,7 @@ class StreamSession:
             self._next_pass = self._newest_step_end() + self.step
         return self._finish_dict(out)
 
-    def finish(self, audio=None) -> dict:
+    def finish(self, audio=None) -> StreamUpdate:
         """Commit everything and close the stream (audio: its last audio, as `finalize` takes it)."""
         out = self.finalize(audio)
         self.closed = True
@@ -462,8 +465,8 @@ class StreamSession:
             return True
         return False
 
-    def _finish_dict(self, out: dict, received: int | None = None) -> dict:
-        """The dict a call (or a pass, for on_pass) returns. Its `text` opens with a space when
+    def _finish_dict(self, out: dict, received: int | None = None) -> StreamUpdate:
+        """What a call (or a pass, for on_pass) returns. Its `text` opens with a space when
         words were committed before its own, and `pending` when any were, so that the committed
         pieces of a stream concatenate to its transcript and the pending tail follows it."""
         words = out["words"]
@@ -474,15 +477,9 @@ class StreamSession:
         pending = _join(self._pending)
         if pending and self._committed_words:
             pending = " " + pending
-        return {
-            "text": text,
-            "words": [w.to_dict() for w in words],
-            "pending": pending,
-            "language": self.language,
-            "received": round(received / self.rate, 6),
-            "pass_ms": round(out["pass_ms"], 3),
-            "revision": self.revision,
-        }
+        return StreamUpdate(text=text, words=tuple(w.rounded() for w in words), pending=pending,
+                            language=self.language, received=round(received / self.rate, 6),
+                            pass_ms=round(out["pass_ms"], 3), revision=self.revision)
 
 
 def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PAUSE_S,
@@ -493,7 +490,7 @@ def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PA
     speech level (the 90th percentile of its frame RMS); in digital silence the whole clip is one.
     A run still open at the clip's end counts from its start to the end. leading=False skips a run
     that starts the clip (quiet before anything was said ends no utterance)."""
-    frame = PAUSE_FRAME * rate // 16000
+    frame = pause_frame(rate)
     n = len(audio) // frame
     need = int(round(pause_s * rate / frame))
     if n < need or need < 1:

@@ -24,6 +24,7 @@ import re
 import struct
 from collections.abc import Iterable
 
+from .dims import check_language
 from .errors import ModelFormatError
 from .rules import WORD_START as SPACE
 
@@ -177,9 +178,7 @@ class Tokenizer:
 
     def language_id(self, code: str) -> int:
         """The id of the language tag `<|code|>`; ValueError names the accepted codes."""
-        if code not in self.languages:
-            raise ValueError(f"unknown language {code!r}; this model knows {', '.join(self.languages)}")
-        return self.text_vocab + self.languages.index(code)
+        return self.text_vocab + self.languages.index(check_language(code, self.languages))
 
     def _check_id(self, token_id: int) -> int:
         if not 0 <= token_id < len(self._pieces):

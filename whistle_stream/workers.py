@@ -34,6 +34,7 @@ import numpy as np
 
 from .errors import WhistleError
 from .models import ModelFile
+from .results import StreamUpdate
 
 
 class WorkerDied(WhistleError, RuntimeError):
@@ -210,17 +211,17 @@ class RemoteStream:
         value, self.passes = self._worker.call("stream", self._sid, (method, *args), kwargs)
         return value
 
-    def feed(self, audio: np.ndarray, catch_up: bool = False) -> dict:
+    def feed(self, audio: np.ndarray, catch_up: bool = False) -> StreamUpdate:
         return self._call("feed", _samples(audio), catch_up=catch_up)
 
-    def finalize(self, audio: np.ndarray | None = None) -> dict:
+    def finalize(self, audio: np.ndarray | None = None) -> StreamUpdate:
         return self._call("finalize", _samples(audio))
 
-    def finish(self, audio: np.ndarray | None = None) -> dict:
+    def finish(self, audio: np.ndarray | None = None) -> StreamUpdate:
         return self._call("finish", _samples(audio))
 
-    def checkpoint(self) -> dict:
-        return self._call("checkpoint")
+    def checkpoint(self, compact: bool = False) -> dict:
+        return self._call("checkpoint", compact=compact)
 
     def configure(self, keywords=None) -> None:
         return self._call("configure", keywords=keywords)

@@ -151,3 +151,16 @@ def clip_set() -> dict[str, np.ndarray]:
     clips["noise"] = white_noise(5.0)
     clips["bad_samples"] = with_bad_samples(clips["espeak_5s"])
     return clips
+
+
+def demo_stream(sentences: int, seed: int) -> tuple[np.ndarray, str]:
+    """Held-out demo sentences joined with pauses (benchmarks/streaming.py's stream): 16 kHz audio
+    and the sentences' text."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from streaming import build_stream
+
+    audio, utts = build_stream(sentences, seed=seed)
+    return audio, " ".join(u[2] for u in utts)

@@ -78,3 +78,4 @@ Chrząszcz brzmi w trzcinie w Szczebrzeszynie, mówi znane zdanie.
 Proszę otworzyć okno, w pokoju jest za gorąco, żeby pracować.
 """,
 }
+
