@@ -184,8 +184,9 @@ def test_transcribe_returns_the_needle_result_shape(tiny, clips):
     out = tiny.transcribe(clips["espeak_5s"])
     assert set(out) == {"text", "language", "ttft_ms", "decode_tps"}
     assert out["language"] in tiny.dims.languages and out["ttft_ms"] > 0
-    words = tiny.transcribe(clips["espeak_5s"], word_timestamps=True)["words"]
-    assert isinstance(words, list)
+    timed = tiny.transcribe(clips["espeak_5s"], word_timestamps=True)
+    assert list(timed) == ["text", "language", "ttft_ms", "decode_tps", "words"]
+    assert timed.to_dict()["words"] == [dict(w) for w in timed["words"]]   # JSON: a list of word dicts
 
 
 def test_word_times_are_ordered_and_within_the_clip(tiny, clips):

@@ -241,7 +241,7 @@ class Whistle(ModelFile):
         if len(pcm) > int(WINDOW_S * self.dims.rate):
             raise ValueError(f"decode takes at most {WINDOW_S:g} s of audio; use transcribe for longer clips")
         r = self._decode(pcm, self.check_language(language), self._biaser(keywords), _check_beams(beams), False)
-        return Decoding(tokens=tuple(int(t) for t in r["tokens"]), text=r["text"], language=r["language"])
+        return Decoding(tokens=[int(t) for t in r["tokens"]], text=r["text"], language=r["language"])
 
     def transcribe(self, audio, language: str | None = None, keywords=None, word_timestamps: bool = False,
                    beams: int = BEAMS, by: str = "windows",

@@ -103,7 +103,7 @@ class Transcription(_ByName):
 class Decoding(_ByName):
     """`Whistle.decode`: one window's tokens after the prompt, their text, and the language."""
 
-    tokens: tuple[int, ...]
+    tokens: list[int]   # a list, as the reference's decode gives them (compared with lists)
     text: str
     language: str
 
