@@ -115,8 +115,12 @@ class FaultProxy:
         last = 0.0
         try:
             while not sender.done():
-                if direction == "down":
-                    await self._downstream.wait()   # a stalled client: stop reading the server
+                while direction == "down" and not self._downstream.is_set():
+                    # a stalled client: nothing is read from the server, but a server that drops
+                    # the connection meanwhile drops the client's too, as over a real network
+                    if reader.exception() is not None or reader.at_eof():
+                        raise ConnectionResetError("the server dropped the connection")
+                    await asyncio.sleep(0.05)
                 data = await reader.read(16384 if direction == "up" else 4096)
                 if not data:
                     break
