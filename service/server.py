@@ -407,22 +407,22 @@ class App:
         request = conn.request
         path, _, query = request.path.partition("?")
         channel = WebSocketChannel(conn)
-        dialect: Dialect | Callable = NativeDialect()
-        if path == realtime.PATH:
-            beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
-            dialect = realtime.Dialect(self.model_name, self.model.dims.languages,
-                                       audio_seconds=lambda: 0.0, beta=beta)
+        beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
+        # how a refusal before the session speaks: Realtime's error event, else our protocol's
+        refusing: Dialect = (realtime.Dialect(self.model_name, self.model.dims.languages, audio_seconds=lambda: 0.0,
+                                              beta=beta) if path == realtime.PATH else NativeDialect())
+        dialect: Dialect | Callable[[SessionCore], Dialect] = refusing
         if self.draining:   # the handshake passed just before the drain began
-            await refuse(self.metrics, channel, dialect, P.ErrorCode.SHUTTING_DOWN,
+            await refuse(self.metrics, channel, refusing, P.ErrorCode.SHUTTING_DOWN,
                          "the server is shutting down; reconnect")
             return
         try:
             check_token(self.config.token, request.headers.get("Authorization"), query)
         except P.ProtocolError as e:   # the token alone decides, even if other parameters are bad
-            await refuse(self.metrics, channel, dialect, e.code, e.message)
+            await refuse(self.metrics, channel, refusing, e.code, e.message)
             return
         if self.full:
-            await refuse(self.metrics, channel, dialect, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
+            await refuse(self.metrics, channel, refusing, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
                          f"{self.config.max_sessions} sessions; retry later")
             return
         limits, resumable = self.limits, True
@@ -440,9 +440,9 @@ class App:
                 session_config = P.parse_query(query, languages)
         except (P.ProtocolError, deepgram.DeepgramError) as e:
             code = getattr(e, "code", P.ErrorCode.BAD_REQUEST)
-            await refuse(self.metrics, channel, dialect if not callable(dialect) or hasattr(dialect, "outgoing")
-                         else NativeDialect(), code if isinstance(code, P.ErrorCode) else P.ErrorCode.BAD_REQUEST,
-                         e.message)
+            # the query failed before the session's dialect was made: refused in the path's own words
+            code = code if isinstance(code, P.ErrorCode) else P.ErrorCode.BAD_REQUEST
+            await refuse(self.metrics, channel, refusing, code, e.message)
             return
         await self.run_session(SessionRunner(self, channel, session_config, limits, dialect, resumable=resumable))
 
