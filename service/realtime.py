@@ -307,7 +307,7 @@ def check_query(query: str) -> None:
         raise P.ProtocolError(P.ErrorCode.BAD_REQUEST, "call_id (joining a SIP or WebRTC call) is not supported")
 
 
-def session_config(languages: Sequence[str]) -> P.SessionConfig:
+def session_config() -> P.SessionConfig:
     """The session a Realtime connection opens with, before any `session.update`: 24 kHz 16-bit
     PCM, the language detected, server VAD."""
     return P.SessionConfig(sample_rate=RATE, encoding="pcm_s16le", language=None, vad=True)

@@ -131,8 +131,10 @@ class App:
         # The gate, then one short session through the core's whole pass schedule.
         signal_ = warm_signal(self.model.dims.rate)
         self.model.is_speech(signal_)
-        core = SessionCore(self.model, P.SessionConfig(encoding="pcm_f32le", vad=False), self.limits,
-                           session_id="warmup")
+        # the warm-up's own audio counts against no session's limit (a --max-session-seconds under its
+        # 1.5 s stopped the start)
+        core = SessionCore(self.model, P.SessionConfig(encoding="pcm_f32le", vad=False),
+                           dataclasses.replace(self.limits, max_session_seconds=float("inf")), session_id="warmup")
         core.open()
         core.audio(signal_.tobytes())
         core.finish("close")
@@ -434,7 +436,7 @@ class App:
                 dialect = partial(_deepgram_dialect, options, self.model_name)
             elif path == realtime.PATH:
                 realtime.check_query(query)
-                session_config, resumable = realtime.session_config(languages), False
+                session_config, resumable = realtime.session_config(), False
                 dialect = partial(_realtime_dialect, self.model_name, languages, beta)
             else:
                 session_config = P.parse_query(query, languages)

@@ -152,20 +152,19 @@ class Connection:
             self.writer.close()
 
     async def handle(self, event: Event) -> None:
-        running = self.session is not None and not self.session.done()
-        if self.session is not None and self.session.done():
-            self.session = None
+        if self.session is not None:
+            if not self.session.done():
+                if self.events is not None:
+                    self.events.put_nowait(event)
+                if AudioStop.is_type(event.type):   # answered before the next event is read
+                    await asyncio.gather(self.session, return_exceptions=True)
+                    self.session = None
+                return
             if AudioChunk.is_type(event.type):
-                return   # the transcription ended early (an error was sent): its audio is dropped
+                return   # the transcription ended early (its error was sent): its audio is dropped up to its stop
+            self.session = None
             if AudioStop.is_type(event.type):
                 return
-        if running:
-            if self.events is not None:
-                self.events.put_nowait(event)
-            if AudioStop.is_type(event.type):   # answered before the next event is read
-                await asyncio.gather(self.session, return_exceptions=True)
-                self.session = None
-            return
         if Describe.is_type(event.type):
             await self.send(self.server.info())
         elif Ping.is_type(event.type):

@@ -437,3 +437,35 @@ def test_wyoming_is_advertised_over_zeroconf_and_drained_on_sigterm(clips):
     kinds = [e.type for e in events]
     assert kinds[0] == "transcript-start" and kinds[-2:] == ["transcript", "transcript-stop"], kinds
     assert events[-2].data["text"]
+
+
+def test_a_transcription_the_server_ends_early_drops_the_rest_of_its_audio_quietly():
+    """--max-session-seconds 1: the limit's error and the transcript come once; the audio the client
+    still sends up to its audio-stop is dropped without an error per chunk, and the connection goes on."""
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.info import Describe
+
+    port = free_port()
+    with ServerProcess("--wyoming-port", str(port), "--max-session-seconds", "1") as s:
+        async def run():
+            async with AsyncTcpClient("127.0.0.1", port) as client:
+                await client.write_event(AudioStart(rate=RATE, width=2, channels=1).event())
+                chunk = AudioChunk(rate=RATE, width=2, channels=1, audio=b"\1\0" * CHUNK).event()
+                for _ in range(24):   # 1.5 s of audio into a session limited to 1 s
+                    await client.write_event(chunk)
+                seen = []
+                while (event := await asyncio.wait_for(client.read_event(), 30)).type != "transcript-stop":
+                    seen.append((event.type, (event.data or {}).get("code")))
+                seen.append((event.type, None))
+                await asyncio.sleep(0.5)   # the transcription is over; the client has not noticed yet
+                for _ in range(5):
+                    await client.write_event(chunk)
+                await client.write_event(AudioStop().event())
+                await client.write_event(Describe().event())
+                while (event := await asyncio.wait_for(client.read_event(), 30)).type != "info":
+                    seen.append((event.type, (event.data or {}).get("code")))
+                return seen
+        seen = asyncio.run(run())
+    assert seen.count(("error", "session_limit")) == 1 and seen[-1][0] == "transcript-stop", seen
+    assert [e for e in seen if e[0] == "error"] == [("error", "session_limit")], seen
