@@ -182,6 +182,37 @@ def test_workers_exit_when_their_server_is_killed(tmp_path):
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
 
 
+def test_closing_a_worker_mid_upload_gives_its_caller_worker_died(speech):
+    """A worker that is not reading (frozen here; on a slow machine, still loading its model) while
+    a long upload's bytes are being written to it: stopping it ends the write with WorkerDied, not
+    a TypeError from the closed pipe."""
+    import os
+    import signal
+    import threading
+    import time
+    engine = ProcessEngine(processes=1)
+    worker = engine.workers[0]
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    errors: list = []
+
+    def upload():
+        try:
+            engine.transcribe(np.tile(speech, 60))
+        except Exception as e:  # noqa: BLE001 - the test asserts which
+            errors.append(e)
+
+    caller = threading.Thread(target=upload)
+    caller.start()
+    while not worker.busy:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    worker.stop(timeout=0.2)
+    caller.join(30)
+    assert not caller.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], WorkerDied), errors
+    assert not worker.process.is_alive()
+
+
 def test_closing_does_not_wait_for_a_busy_worker(speech):
     """A worker busy past the timeout (a first start compiling, a long upload) is killed, not
     waited for; its caller gets WorkerDied."""

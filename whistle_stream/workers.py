@@ -172,6 +172,12 @@ class _Worker:
                     self.dead = True
                     raise WorkerDied(f"engine worker {self.process.name} exited "
                                      f"(exit code {self.process.exitcode})") from e
+                except (TypeError, ValueError) as e:
+                    # stop() closed the pipe under a call still sending (a long upload's bytes):
+                    # multiprocessing then fails on its closed handle with these, not OSError.
+                    if not self.dead:
+                        raise
+                    raise WorkerDied(f"engine worker {self.process.name} was stopped") from e
         finally:
             self.busy -= 1
         if not ok:
@@ -196,6 +202,10 @@ class _Worker:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout)
+        # A caller still writing to the killed worker gets its broken pipe and lets go of the
+        # lock; closing the pipe under that write would fail it with a TypeError instead.
+        if not asked and self.lock.acquire(timeout=timeout):
+            self.lock.release()
         self.conn.close()
 
 
