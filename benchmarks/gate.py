@@ -4,7 +4,7 @@
     python benchmarks/gate.py --model PATH --repeats 9
 
 The gate's line: digital silence, -90 dBFS noise and steady noise return empty results in under
-50 ms for 30 s of audio. Each gated clip goes through `Whistle.transcribe(..., word_timestamps=True)`
+50 ms for 30 s of audio. Each gated clip goes through `Whistle.transcribe(..., word_timestamps=True, by="windows")`
 as a user calls it (resampling check, front end, gate); the peer is the same call on 30 s of
 held-out demo sentences, which the gate lets through to the encoder and the 5-beam search.
 Calls alternate so machine load hits both alike. Prints best and median, the ratio to the peer,
@@ -66,21 +66,21 @@ def main(argv=None) -> int:
     clips = gated_clips()
     speech = speech_clip()
     for pcm in (*clips.values(), speech):  # warm: JIT and caches
-        model.transcribe(pcm[:RATE], word_timestamps=True)
-    peer = model.transcribe(speech, word_timestamps=True)
+        model.transcribe(pcm[:RATE], word_timestamps=True, by="windows")
+    peer = model.transcribe(speech, word_timestamps=True, by="windows")
     assert peer["text"], "the peer clip must pass the gate"
     times = {name: [] for name in clips}
     peer_times = []
     for _ in range(args.repeats):
         for name, pcm in clips.items():
-            times[name].append(timed(lambda: model.transcribe(pcm, word_timestamps=True)))
-        peer_times.append(timed(lambda: model.transcribe(speech, word_timestamps=True)))
+            times[name].append(timed(lambda: model.transcribe(pcm, word_timestamps=True, by="windows")))
+        peer_times.append(timed(lambda: model.transcribe(speech, word_timestamps=True, by="windows")))
     peer_best = min(peer_times)
-    print(f"model {model.name}: 30 s of audio, transcribe(word_timestamps=True), best / median of {args.repeats}")
+    print(f"model {model.name}: 30 s of audio, transcribe(word_timestamps=True, by='windows'), best / median of {args.repeats}")
     print(f"  peer, 30 s of demo sentences (passes the gate): {peer_best * 1e3:.1f} / {np.median(peer_times) * 1e3:.1f} ms")
     missed = []
     for name, t in times.items():
-        out = model.transcribe(clips[name], word_timestamps=True)
+        out = model.transcribe(clips[name], word_timestamps=True, by="windows")
         empty = out["text"] == "" and out["language"] == "" and out["words"] == []
         best = min(t)
         ok = empty and best < LINE_S

@@ -58,7 +58,7 @@ if int(sys.argv[4]):   # the shipped vocabulary's embedding and head
 model.warmup()
 out["loaded and warm"] = (*rss(), peak())
 audio = speech_of_length(30 * 16000 - 1)
-model.transcribe(audio, word_timestamps=True)
+model.transcribe(audio, word_timestamps=True, by="windows")
 out["30 s transcribed with word times"] = (*rss(), peak())
 stream = model.open_stream()
 for i in range(0, len(audio), 16000):

@@ -47,14 +47,14 @@ def build_stream(n: int, seed: int = 0, pause=(0.6, 1.6)):
 def one_shot(model, utts) -> tuple[str, list[dict]]:
     """Each utterance of build_stream transcribed alone: the texts joined, and the words with times
     moved to the stream's clock."""
-    shots = [model.transcribe(u[3], word_timestamps=True) for u in utts]
+    shots = [model.transcribe(u[3], word_timestamps=True, by="windows") for u in utts]
     words = [{**w, "start": w["start"] + u[0], "end": w["end"] + u[0]} for u, shot in zip(utts, shots)
              for w in shot["words"]]
     return " ".join(shot["text"] for shot in shots), words
 
 
 def in_windows(model, audio: np.ndarray) -> tuple[dict, list]:
-    """`model.transcribe(audio, word_timestamps=True)` of a clip over 30 s, and the
+    """`model.transcribe(audio, word_timestamps=True, by="windows")` of a clip over 30 s, and the
     `longform.WindowCut` of each window it was read in (§8), in order."""
     from whistle_stream import longform
 
@@ -67,7 +67,7 @@ def in_windows(model, audio: np.ndarray) -> tuple[dict, list]:
 
     longform.iter_windows = recording
     try:
-        out = model.transcribe(audio, word_timestamps=True)
+        out = model.transcribe(audio, word_timestamps=True, by="windows")
     finally:
         longform.iter_windows = original
     return out, windows

@@ -399,7 +399,7 @@ class App:
         self.metrics.audio_seconds.inc(seconds)
         try:
             result = self.model.transcribe(pcm, language=form.language, keywords=list(form.keywords) or None,
-                                           word_timestamps=form.word_times, by="utterances")
+                                           word_timestamps=form.word_times)
         except ValueError as e:   # the engine refused a keyword phrase
             raise openai_api.ApiError(400, str(e)[:300], param="prompt") from e
         return openai_api.render(result, form, seconds)

@@ -137,7 +137,7 @@ def sentences_alone(model, pcm: np.ndarray, rate: int, utts) -> tuple[float, flo
     texts = []
     moved = [(a + lag / RATE, b + lag / RATE, text) for a, b, text in utts]
     for a, b, text in moved:
-        texts.append(model.transcribe(heard[max(0, int(a * RATE)):int(b * RATE)])["text"])
+        texts.append(model.transcribe(heard[max(0, int(a * RATE)):int(b * RATE)], by="windows")["text"])
     return wer([" ".join(u[2] for u in utts)], [" ".join(texts)]), lag / RATE, moved
 
 

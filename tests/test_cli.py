@@ -12,6 +12,7 @@ from harness.blocked import run_without
 
 import whistle_stream
 from whistle_stream import cli, models
+from whistle_stream.results import Transcription, Word
 
 
 @pytest.fixture
@@ -165,9 +166,8 @@ class FakeWhistle:
 
     def transcribe(self, audio, **options):
         self.calls.append((audio, options))
-        return {"text": "hello world", "language": "en",
-                "words": [{"word": "hello", "start": 0.0, "end": 0.4, "probability": 0.9},
-                          {"word": "world", "start": 0.48, "end": 0.96, "probability": 0.8}]}
+        return Transcription("hello world", "en", 12.0, 50.0,
+                             (Word("hello", 0.0, 0.4, 0.9), Word("world", 0.48, 0.96, 0.8)))
 
 
 @pytest.fixture
@@ -208,7 +208,7 @@ def test_transcribe_json_prints_the_whole_result(fake_whistle, capsys):
     model, audio = fake_whistle
     code, out, _ = run(capsys, "transcribe", str(audio), "--model", str(model), "--json")
     assert code == 0
-    assert json.loads(out) == FakeWhistle(model).transcribe(audio)
+    assert json.loads(out) == FakeWhistle(model).transcribe(audio).to_dict()
 
 
 @pytest.mark.parametrize("fmt", ["srt", "vtt"])
@@ -257,7 +257,7 @@ def test_the_progress_bar_follows_the_engine_when_stderr_is_a_terminal(fake_whis
         if progress is not None:
             progress(5.0, 10.0)
             progress(10.0, 10.0)
-        return {"text": "hi", "language": "en", "words": []}
+        return Transcription("hi", "en", 0.0, 0.0, ())
 
     monkeypatch.setattr(FakeWhistle, "transcribe", transcribe)
     model, audio = fake_whistle

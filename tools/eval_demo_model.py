@@ -134,7 +134,7 @@ def main(argv=None) -> None:
     refs = [text for _, text in clips]
     for b in beams:
         t0 = time.time()
-        hyps = [model.transcribe(audio, beams=b)["text"] for audio, _ in clips]
+        hyps = [model.transcribe(audio, beams=b, by="windows")["text"] for audio, _ in clips]
         table = breakdown(items, refs, hyps)
         parts = "  ".join(f"{k} {e / max(n, 1):.2%} ({e}/{n})" for k, (e, n) in sorted(table.items()) if k != "all")
         e, n = table["all"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from . import models
 from .errors import WhistleError
 from .frontend import FILE_FORMATS
+from .rules import READ_BY
 
 PROG = "whistle-stream"
 FORMATS = ("txt", "json", "srt", "vtt")
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--output-dir", metavar="DIR",
                             help="write FILE's transcript to DIR/<FILE's name>.<format> instead of printing it "
                                  "(needed for srt/vtt with several files)")
-    transcribe.add_argument("--by", choices=("utterances", "windows"), default="utterances",
+    transcribe.add_argument("--by", choices=READ_BY, default=READ_BY[0],
                             help="utterances (default): cut the audio at its pauses, as a stream does, and read "
                                  "each alone; windows: the engine's 30 s windows exactly (guide §8)")
     transcribe.add_argument("--model", help=f"model file (default: ${models.ENV_MODEL}, then the cached full "
@@ -187,7 +188,7 @@ def _transcribe(args: argparse.Namespace) -> None:
     show_progress = not args.no_progress and sys.stderr.isatty()
     for audio in files:
         with _Progress(audio.name, show_progress) as progress:
-            result = _as_dict(model.transcribe(str(audio), progress=progress, **options))
+            result = model.transcribe(str(audio), progress=progress, **options).to_dict()
         text = render(result, fmt, args.word_timestamps)
         if out_dir is not None:
             target = out_dir / f"{audio.stem}.{fmt}"
@@ -242,16 +243,6 @@ class _UsageError(WhistleError):
     """An option the engine refused, reported like any other error."""
 
 
-def _as_dict(result) -> dict:
-    """A transcription as its JSON shape: `Transcription.to_dict()` (an engine stand-in in the
-    tests may hand back a plain dict)."""
-    if hasattr(result, "to_dict"):
-        return result.to_dict()
-    if isinstance(result, dict):
-        return result
-    if isinstance(result, str):
-        return {"text": result}
-    raise TypeError(f"Whistle.transcribe returned {type(result).__name__}; expected a dict or dataclass")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
 from .models import ModelFile
 from .results import Decoding, Transcription, Word
-from .rules import BEAMS, WINDOW_S
+from .rules import BEAMS, READ_BY, WINDOW_S
 from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import PassMemo, StreamSession, sound_span
 from .streaming import stream as stream_updates
@@ -244,7 +244,7 @@ class Whistle(ModelFile):
         return Decoding(tokens=[int(t) for t in r["tokens"]], text=r["text"], language=r["language"])
 
     def transcribe(self, audio, language: str | None = None, keywords=None, word_timestamps: bool = False,
-                   beams: int = BEAMS, by: str = "windows",
+                   beams: int = BEAMS, by: str = READ_BY[0],
                    progress: Callable[[float, float], None] | None = None) -> Transcription:
         """Transcribe a clip of any length.
 
@@ -252,13 +252,13 @@ class Whistle(ModelFile):
         its `Word`s (word, start, end, probability; seconds from the clip start). Audio the silence gate
         (§8) stops returns empty text and language without decoding.
 
-        by="windows" runs the guide's passes exactly: up to 30 s in one, longer audio in 30 s
-        windows (§8). by="utterances" cuts the clip at its pauses as the stream does and reads each
+        by="utterances" (the default) cuts the clip at its pauses as the stream does and reads each
         utterance alone (windows inside one longer than 30 s): what a file of many sentences
-        wants. `progress(done_s, total_s)` is called as the audio is read.
+        wants. by="windows" runs the guide's passes exactly: up to 30 s in one, longer audio in
+        30 s windows (§8). `progress(done_s, total_s)` is called as the audio is read.
         """
-        if by not in ("windows", "utterances"):
-            raise ValueError(f"by must be 'windows' or 'utterances', got {by!r}")
+        if by not in READ_BY:
+            raise ValueError(f"by must be one of {', '.join(map(repr, READ_BY))}, got {by!r}")
         language = self.check_language(language)
         beams = _check_beams(beams)
         biaser = self._biaser(keywords)
