@@ -1,4 +1,5 @@
-"""Requests with a body (POST) on the WebSocket server's port, one exchange per connection.
+"""Requests with a body (POST) on the WebSocket server's port, one exchange per connection, and the
+request line's length limit.
 
 websockets answers GET requests itself (the handshake, and `process_request` for health, metrics,
 the page and /v1/models), but refuses any request with a body. `diverting(handler)` gives
@@ -6,6 +7,11 @@ the page and /v1/models), but refuses any request with a body. `diverting(handle
 on to websockets as before; any other method is handed to an `Exchange`, which reads one HTTP/1.1
 request with h11 (bounded in bytes and time), awaits `handler(request, body)` and writes its
 `Reply`, then closes the connection.
+
+websockets has no documented API for either, so this module is the one place that reaches into
+its internals (`ServerConnection.request_rcvd`, `.connection_lost_waiter`, `.transport`,
+`http11.MAX_LINE_LENGTH`); pyproject.toml pins websockets to the major version the tests cover,
+and tests/test_websockets_internals.py fails first, by name, when one of them moves.
 """
 
 from __future__ import annotations
@@ -16,11 +22,17 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import h11
+from websockets import http11 as websockets_http11
 from websockets.asyncio.server import ServerConnection
 
 from .openai_api import ApiError
 
 log = logging.getLogger("whistle.service")
+
+# A request line holds the query; one with an over-long resume token should reach
+# protocol.parse_query, which refuses it with bad_resume, instead of websockets' bare HTTP 414 at 8 KB.
+MAX_REQUEST_LINE = 32 * 1024
+websockets_http11.MAX_LINE_LENGTH = max(websockets_http11.MAX_LINE_LENGTH, MAX_REQUEST_LINE)
 
 
 @dataclass(frozen=True)

@@ -35,23 +35,20 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from websockets.asyncio.server import ServerConnection, serve as ws_serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
-from websockets import http11 as websockets_http11
 from websockets.http11 import Request, Response
 
+from whistle_stream import __version__
+from whistle_stream.frontend import warm_signal
+
+from . import deepgram, openai_api, realtime, wyoming_server
 from . import protocol as P
 from .config import ServiceConfig, add_serve_arguments, config_from_args
-from . import deepgram, openai_api, realtime
 from .core import SessionCore, SessionLimits, check_token
 from .http import Reply, Request as HttpRequest, diverting
 from .observe import Metrics, log_event, setup_logging
 from .resume import random_secret
-from whistle_stream import __version__
-from whistle_stream.frontend import warm_signal
 from .runner import Dialect, NativeDialect, SessionRunner, WebSocketChannel, refuse
-from . import wyoming_server
-# A request line holds the query; let one with an over-long resume token reach protocol.parse_query,
-# which refuses it with bad_resume, instead of websockets' bare HTTP 414 at 8 KB.
-websockets_http11.MAX_LINE_LENGTH = max(websockets_http11.MAX_LINE_LENGTH, 32 * 1024)
+
 LISTEN_PATH = "/v1/listen"
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
