@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 
 from whistle_stream.streaming import MAX_STEP_S, MIN_STEP_S
 
+from .params import FALSE, TRUE, parse_bool
+
 
 def _cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     """The CPUs this process may use: its affinity, capped by a cgroup v2 CPU quota (a container's
@@ -161,10 +163,11 @@ def config_from_args(args: argparse.Namespace | None = None, environ=None) -> Se
             elif kind is tuple:
                 values[f.name] = tuple(o.strip() for o in str(raw).split(",") if o.strip())
             elif kind is bool:
-                values[f.name] = str(raw).lower() in ("1", "true", "yes", "on")
+                values[f.name] = parse_bool(f.name, str(raw))
             else:
                 values[f.name] = kind(raw)
         except ValueError as e:
+            expected = f"true or false ({', '.join(TRUE + FALSE)})" if kind is bool else kind.__name__
             raise ValueError(f"invalid value {raw!r} for --{f.name.replace('_', '-')} / "
-                             f"{env_name(f.name)}: expected {kind.__name__}") from e
+                             f"{env_name(f.name)}: expected {expected}") from e
     return ServiceConfig(**values)

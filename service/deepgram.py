@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 from urllib.parse import parse_qsl
 
 from . import protocol as P
+from .params import FALSE, group, parse_bool
 
 PREFIX = "/deepgram"
 LISTEN_PATH = PREFIX + "/v1/listen"
@@ -25,10 +26,11 @@ _HONOURED = ("encoding", "sample_rate", "channels", "language", "interim_results
 # Accepted with no effect: our output is always punctuated and formatted the model's way
 _IGNORED = ("model", "punctuate", "smart_format", "numerals", "tag", "mip_opt_out", "version", "filler_words",
             "profanity_filter", "dictation", "extra")
+# May be given more than once (each adds one); any other key given twice is refused
+_REPEATABLE = ("keyterm", "keywords", "tag", "extra")
 # Refused with an error: features this server does not have
 _UNSUPPORTED = ("diarize", "diarize_model", "multichannel", "redact", "replace", "search", "callback",
                 "callback_method", "detect_entities", "language_hint", "alternatives", "detect_language")
-_TRUE, _FALSE = {"true", "1"}, {"false", "0"}
 DEFAULT_ENDPOINTING_MS = 600     # Deepgram's default is 10 ms; ours is a VAD and needs more to be sure
 MIN_ENDPOINTING_MS = 90
 NO_ENDPOINTING_MS = 10_000_000   # endpointing=false: utterances end only at Finalize or the stream's end
@@ -56,24 +58,27 @@ class Options:
 
 
 def _flag(name: str, raw: str) -> bool:
-    if raw.lower() not in _TRUE | _FALSE:
-        raise DeepgramError(400, f"{name} must be true or false, got {raw[:20]!r}")
-    return raw.lower() in _TRUE
+    try:
+        return parse_bool(name, raw)
+    except ValueError as e:
+        raise DeepgramError(400, str(e)) from e
 
 
 def parse_query(query: str, languages: Sequence[str] = ()) -> tuple[P.SessionConfig, Options]:
     """Deepgram's /v1/listen query -> our SessionConfig and the dialect's Options. Raises
     DeepgramError (400) naming the parameter and what is accepted."""
-    seen: dict[str, list[str]] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
+    pairs = parse_qsl(query, keep_blank_values=True)
+    for key, _ in pairs:
         if key in _UNSUPPORTED:
             raise DeepgramError(400, f"{key} is not supported by this server (whistle-stream); see its "
                                 "docs/compatibility.md")
         if key not in _HONOURED + _IGNORED:
             raise DeepgramError(400, f"unknown query parameter {key[:40]!r}; accepted: "
                                 f"{', '.join(_HONOURED + _IGNORED)}")
-        seen.setdefault(key, []).append(value)
-    one = {k: v[-1] for k, v in seen.items()}
+    try:
+        one, seen = group(pairs, repeatable=_REPEATABLE)
+    except ValueError as e:
+        raise DeepgramError(400, str(e)) from e
     encoding = one.get("encoding", "linear16")
     if encoding != "linear16":
         raise DeepgramError(400, f"encoding {encoding[:30]!r} is not supported; send raw PCM with "
@@ -99,7 +104,7 @@ def parse_query(query: str, languages: Sequence[str] = ()) -> tuple[P.SessionCon
     end_of_speech_ms = DEFAULT_ENDPOINTING_MS
     if "endpointing" in one:
         raw = one["endpointing"].lower()
-        if raw in _FALSE - {"0"}:
+        if raw in FALSE and not raw.isdecimal():   # endpointing=0 is a time
             end_of_speech_ms = NO_ENDPOINTING_MS
         elif raw.isdecimal():
             end_of_speech_ms = max(MIN_ENDPOINTING_MS, int(raw))

@@ -19,6 +19,7 @@ from typing import Sequence
 from whistle_stream.dims import unknown_language
 from whistle_stream.subtitles import make_cues, srt, vtt
 
+from .params import group, parse_bool
 from .protocol import MAX_KEYWORDS, ProtocolError, check_keywords, prompt_phrases
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -73,7 +74,7 @@ def parse_form(content_type: str, body: bytes, languages: Sequence[str] = ()) ->
 
     if not content_type.lower().startswith("multipart/form-data"):
         raise ApiError(400, f"send the audio as multipart/form-data (got Content-Type {content_type[:80]!r})")
-    fields: dict[str, list[str]] = {}
+    pairs: list[tuple[str, str]] = []
     files: dict[str, tuple[str, bytes]] = {}
 
     def on_field(field) -> None:
@@ -81,7 +82,7 @@ def parse_form(content_type: str, body: bytes, languages: Sequence[str] = ()) ->
         value = (field.value or b"").decode("utf-8", "replace")
         if len(value) > MAX_FIELD_CHARS:
             raise ApiError(400, f"field {name!r} is longer than {MAX_FIELD_CHARS} characters", param=name)
-        fields.setdefault(name, []).append(value)
+        pairs.append((name, value))
 
     def on_file(file) -> None:
         name = (file.field_name or b"").decode("utf-8", "replace")
@@ -105,12 +106,15 @@ def parse_form(content_type: str, body: bytes, languages: Sequence[str] = ()) ->
     except Exception as e:   # python-multipart raises several types for malformed bodies
         raise ApiError(400, f"the multipart body does not parse: {e}") from e
 
-    unknown = sorted(set(fields) - set(FIELDS))
+    unknown = sorted({k for k, _ in pairs} - set(FIELDS))
     if unknown:
         raise ApiError(400, f"unknown field {unknown[0]!r}; accepted: {', '.join(FIELDS)}", param=unknown[0])
+    try:
+        one, many = group(pairs, repeatable=("timestamp_granularities[]",))
+    except ValueError as e:
+        raise ApiError(400, f"form {e}") from e
     if "file" not in files:
         raise ApiError(400, "the form needs a 'file' part with the audio", param="file")
-    one = {k: v[-1] for k, v in fields.items()}
     if not one.get("model"):
         raise ApiError(400, "the form needs a 'model' field (any model name is served by this server's model)",
                        param="model")
@@ -118,12 +122,16 @@ def parse_form(content_type: str, body: bytes, languages: Sequence[str] = ()) ->
     if response_format not in RESPONSE_FORMATS:
         raise ApiError(400, f"response_format {response_format[:30]!r} is not supported; accepted: "
                        f"{', '.join(RESPONSE_FORMATS)}", param="response_format")
-    granularities = tuple(fields.get("timestamp_granularities[]", ["segment"]))
+    granularities = tuple(many.get("timestamp_granularities[]", ["segment"]))
     for g in granularities:
         if g not in GRANULARITIES:
             raise ApiError(400, f"timestamp_granularities[] {g[:30]!r} is not supported; accepted: word, segment",
                            param="timestamp_granularities[]")
-    if one.get("stream", "false").lower() in ("true", "1"):
+    try:
+        stream = parse_bool("stream", one.get("stream", "false"))
+    except ValueError as e:
+        raise ApiError(400, str(e), param="stream") from e
+    if stream:
         raise ApiError(400, "stream=true is not supported here; use the WebSocket /v1/listen for live text",
                        param="stream")
     language = one.get("language") or None

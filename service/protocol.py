@@ -22,6 +22,8 @@ import numpy as np
 from whistle_stream.dims import unknown_language
 from whistle_stream.results import StreamUpdate
 
+from .params import group, parse_bool
+
 PROTOCOL_VERSION = 2   # 2: resume tokens (`resume`, `replay_from`, `ready.resumed`)
 
 MIN_SAMPLE_RATE = 8000
@@ -290,8 +292,6 @@ class SessionConfig:
 
 MAX_RESUME_CHARS = 4096
 _QUERY_PARAMETERS = ("sample_rate", "encoding", "language", "keyword", "token", "vad", "resume")
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
 
 
 def _pairs(params) -> list[tuple[str, str]]:
@@ -340,17 +340,15 @@ def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:
     `languages` are the model's codes; an empty sequence accepts any `language`. Raises
     ProtocolError(bad_request | unsupported_encoding) naming the parameter and what is accepted.
     """
-    seen: dict[str, list[str]] = {}
-    for key, value in _pairs(params):
+    pairs = _pairs(params)
+    for key, _ in pairs:
         if key not in _QUERY_PARAMETERS:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"unknown query parameter {key[:40]!r}; "
                                 f"accepted: {', '.join(_QUERY_PARAMETERS)}")
-        seen.setdefault(key, []).append(value)
-    for key, values in seen.items():
-        if key != "keyword" and len(values) > 1:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"query parameter {key!r} given {len(values)} "
-                                "times; only 'keyword' may repeat")
-    one = {k: v[0] for k, v in seen.items() if k != "keyword"}
+    try:
+        one, seen = group(pairs, repeatable=("keyword",))
+    except ValueError as e:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"query {e}") from e
 
     sample_rate = 16000
     if "sample_rate" in one:
@@ -371,12 +369,10 @@ def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:
     if language is not None and languages and language not in languages:
         raise ProtocolError(ErrorCode.BAD_REQUEST, unknown_language(language, languages) + " (or omit it to detect)")
 
-    vad = True
-    if "vad" in one:
-        raw = one["vad"].lower()
-        if raw not in _TRUE | _FALSE:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"vad must be true or false, got {raw[:20]!r}")
-        vad = raw in _TRUE
+    try:
+        vad = parse_bool("vad", one.get("vad", "true"))
+    except ValueError as e:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, str(e)) from e
 
     keywords = check_keywords(seen.get("keyword", []), "keyword")
     resume = one.get("resume") or None
@@ -385,7 +381,7 @@ def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:
                             f"at most {MAX_RESUME_CHARS}")
     return SessionConfig(sample_rate=sample_rate, encoding=encoding, language=language,
                          keywords=keywords, token=one.get("token") or None, vad=vad, resume=resume,
-                         given=frozenset(seen) - {"token", "resume"})
+                         given=(frozenset(one) | frozenset(seen)) - {"token", "resume"})
 
 
 def decode_audio(data: bytes, encoding: str) -> np.ndarray:

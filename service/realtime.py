@@ -23,8 +23,10 @@ import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
+from urllib.parse import parse_qsl
 
 from . import protocol as P
+from .params import group
 
 PATH = "/v1/realtime"
 RATE = 24000                       # audio/pcm and pcm16: 16-bit little-endian mono at 24 kHz
@@ -292,18 +294,19 @@ class Dialect:
 def check_query(query: str) -> None:
     """The connection's query: `intent=transcription` (this server only transcribes), and
     optionally `model` (any name: the server's model answers) and `token`. Raises ProtocolError."""
-    from urllib.parse import parse_qsl
-
     pairs = parse_qsl(query, keep_blank_values=True)
     unknown = sorted({k for k, _ in pairs} - {"intent", "model", "token", "call_id"})
     if unknown:
         raise P.ProtocolError(P.ErrorCode.BAD_REQUEST, f"unknown query parameter {unknown[0][:40]!r}; accepted: "
                               "intent, model, token")
-    intents = [v for k, v in pairs if k == "intent"]
-    if intents != ["transcription"]:
+    try:
+        one, _ = group(pairs)
+    except ValueError as e:
+        raise P.ProtocolError(P.ErrorCode.BAD_REQUEST, f"query {e}") from e
+    if one.get("intent") != "transcription":
         raise P.ProtocolError(P.ErrorCode.BAD_REQUEST, "this server transcribes only: connect with "
-                              "?intent=transcription (one)")
-    if any(k == "call_id" for k, _ in pairs):
+                              "?intent=transcription")
+    if "call_id" in one:
         raise P.ProtocolError(P.ErrorCode.BAD_REQUEST, "call_id (joining a SIP or WebRTC call) is not supported")
 
 
