@@ -114,7 +114,7 @@ def check_server_url(server: str) -> str:
     return server.strip()
 
 
-def listen_url(server: str, *, sample_rate: int = 16000, encoding: str = "pcm_s16le",
+def listen_url(server: str, *, sample_rate: int = P.DEFAULT_SAMPLE_RATE, encoding: str = "pcm_s16le",
                language: str | None = None, keywords=(), token: str | None = None,
                vad: bool = True) -> str:
     """The /v1/listen URL with its query parameters. Raises ClientError for a malformed server URL."""
@@ -145,7 +145,7 @@ def to_pcm(audio, encoding: str = "pcm_s16le") -> bytes:
 
 
 class ListenClient:
-    def __init__(self, server: str = "ws://127.0.0.1:8000", *, sample_rate: int = 16000,
+    def __init__(self, server: str = "ws://127.0.0.1:8000", *, sample_rate: int = P.DEFAULT_SAMPLE_RATE,
                  encoding: str = "pcm_s16le", language: str | None = None, keywords=(),
                  token: str | None = None, vad: bool = True, origin: str | None = None,
                  retries: int = 0, backoff: float = 0.5, max_backoff: float = 8.0,

@@ -28,7 +28,7 @@ from whistle_stream.service import protocol as P
 
 from .client import AuthFailed, ClientError, ListenClient, ServerUnreachable, check_server_url, to_pcm
 
-RATE = 16000
+RATE = P.DEFAULT_SAMPLE_RATE   # what is sent: the model's own rate, so the server resamples nothing
 BLOCK_S = 0.1          # audio sent per frame: 100 ms keeps latency low and frames small
 EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_NO_AUDIO = 1, 2, 3, 4, 5
 DIM, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[0m", "\r\x1b[K"

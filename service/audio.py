@@ -1,6 +1,7 @@
-"""One session's audio path before the engine: resample to 16 kHz, gate speech, cut engine steps.
+"""One session's audio path before the engine: resample to the model's rate (16 kHz for Whistle),
+gate speech, cut engine steps.
 
-`AudioPath.push(float32 at the client's rate)` returns events: `Chunk`s of 16 kHz audio for the
+`AudioPath.push(float32 at the client's rate)` returns events: `Chunk`s of model-rate audio for the
 engine (whole steps while speech goes on, the remainder when it ends) and `EndOfSpeech` after
 `end_of_speech_ms` of non-speech following speech. With VAD off, every sample goes to the engine in
 whole steps and no `EndOfSpeech` is produced. No passes run on silence: audio between utterances
@@ -18,8 +19,12 @@ import numpy as np
 import soxr
 import webrtcvad
 
-RATE = 16000
-VAD_FRAME = 480        # 30 ms at 16 kHz: one of webrtcvad's three frame sizes
+from whistle_stream.frontend import MODEL_RATE
+
+from .config import ServiceConfig
+
+_SERVICE = ServiceConfig.__dataclass_fields__   # the defaults, and their meaning, are ServiceConfig's
+VAD_FRAME_S = 0.03     # 30 ms: one of webrtcvad's three frame lengths
 PREROLL_FRAMES = 10    # 300 ms kept before a speech onset so the first word's attack is not cut
 ONSET_FRAMES = 3       # speech frames among the last ONSET_WINDOW that start an utterance (90 ms)
 ONSET_WINDOW = 10      # ... so a single click is not speech
@@ -29,7 +34,7 @@ PRIME_FRAMES = 100     # a resumed path runs the VAD over this much replayed aud
 
 @dataclass
 class Chunk:
-    audio: np.ndarray  # float32, 16 kHz
+    audio: np.ndarray  # float32 at the model's rate
     start: float       # session seconds of audio[0]
     first: bool        # first chunk of an utterance (or of the stream with VAD off)
     refill: bool = False  # replayed audio an earlier session's engine stream held (resume)
@@ -41,16 +46,20 @@ class EndOfSpeech:
 
 
 class AudioPath:
-    def __init__(self, sample_rate: int, *, step_s: float = 1.0, vad: bool = True,
-                 aggressiveness: int = 2, end_of_speech_ms: int = 600):
-        self.sample_rate = sample_rate
-        self.step = int(round(step_s * RATE))
+    """A client's audio at `sample_rate` -> the model's `rate`, gated by the VAD, in steps."""
+
+    def __init__(self, sample_rate: int, *, rate: int = MODEL_RATE, step_s: float = _SERVICE["step_s"].default,
+                 vad: bool = True, aggressiveness: int = _SERVICE["vad_aggressiveness"].default,
+                 end_of_speech_ms: int = _SERVICE["end_of_speech_ms"].default):
+        self.sample_rate, self.rate = sample_rate, rate
+        self.step = int(round(step_s * rate))
+        self.frame = int(round(VAD_FRAME_S * rate))     # webrtcvad takes 8, 16, 32 or 48 kHz
         self.vad = webrtcvad.Vad(aggressiveness) if vad else None
-        self.hangover = max(1, end_of_speech_ms // 30)       # VAD frames of non-speech
-        self._resampler = (None if sample_rate == RATE else
-                           soxr.ResampleStream(sample_rate, RATE, 1, dtype="float32", quality="HQ"))
-        self._frame_tail = np.zeros(0, np.float32)  # 16 kHz samples not yet a whole VAD frame
-        self._position = 0                          # 16 kHz samples seen (session time)
+        self.hangover = max(1, int(end_of_speech_ms / 1000 / VAD_FRAME_S))   # VAD frames of non-speech
+        self._resampler = (None if sample_rate == rate else
+                           soxr.ResampleStream(sample_rate, rate, 1, dtype="float32", quality="HQ"))
+        self._frame_tail = np.zeros(0, np.float32)  # model-rate samples not yet a whole VAD frame
+        self._position = 0                          # model-rate samples seen (session time)
         self._buffer: list[np.ndarray] = []         # audio for the engine, not yet a whole step
         self._buffered = 0
         self._buffer_start = 0                      # session sample of the buffer's first sample
@@ -65,13 +74,13 @@ class AudioPath:
 
     def _prime(self, piece: np.ndarray) -> None:
         """Replayed audio before the restored position: through the VAD, its answers unused."""
-        frames, self._prime_part = _whole_frames(self._prime_part, piece)
+        frames, self._prime_part = _whole_frames(self._prime_part, piece, self.frame)
         for frame in frames:
-            self.vad.is_speech(_pcm16(frame), RATE)
+            self.vad.is_speech(_pcm16(frame), self.rate)
 
     def _preroll_bytes(self, piece: np.ndarray) -> None:
         """Replayed preroll samples back into whole VAD frames."""
-        frames, self._preroll_part = _whole_frames(self._preroll_part, piece)
+        frames, self._preroll_part = _whole_frames(self._preroll_part, piece, self.frame)
         self._preroll.extend(frames)
 
     def _resample(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
@@ -88,7 +97,7 @@ class AudioPath:
         self._buffered += len(audio)
         while self._buffered >= self.step:
             joined = np.concatenate(self._buffer)
-            out.append(Chunk(joined[:self.step], self._buffer_start / RATE, self._first))
+            out.append(Chunk(joined[:self.step], self._buffer_start / self.rate, self._first))
             self._first = False
             rest = joined[self.step:]
             self._buffer_start += self.step
@@ -96,14 +105,14 @@ class AudioPath:
 
     def _drain(self, out: list) -> None:
         if self._buffered:
-            out.append(Chunk(np.concatenate(self._buffer), self._buffer_start / RATE, self._first))
+            out.append(Chunk(np.concatenate(self._buffer), self._buffer_start / self.rate, self._first))
             self._first = False
             self._buffer, self._buffered = [], 0
 
     def _frame(self, frame: np.ndarray, out: list) -> None:
         start = self._position
         self._position += len(frame)
-        speech = self.vad.is_speech(_pcm16(frame), RATE)
+        speech = self.vad.is_speech(_pcm16(frame), self.rate)
         self._recent.append(speech)
         if not self.in_speech:
             self._preroll.append(frame)
@@ -119,7 +128,7 @@ class AudioPath:
             self._drain(out)
             self.in_speech = False
             self._recent.clear()
-            out.append(EndOfSpeech(self._position / RATE))
+            out.append(EndOfSpeech(self._position / self.rate))
 
     def push(self, samples: np.ndarray, last: bool = False) -> list:
         """Float32 audio at the session's rate -> [Chunk | EndOfSpeech]. `last`: flush the resampler."""
@@ -133,9 +142,9 @@ class AudioPath:
             return out
         if len(self._frame_tail):
             audio = np.concatenate([self._frame_tail, audio])
-        whole = len(audio) - len(audio) % VAD_FRAME
-        for i in range(0, whole, VAD_FRAME):
-            self._frame(audio[i:i + VAD_FRAME], out)
+        whole = len(audio) - len(audio) % self.frame
+        for i in range(0, whole, self.frame):
+            self._frame(audio[i:i + self.frame], out)
         self._frame_tail = audio[whole:]
         return out
 
@@ -160,7 +169,7 @@ class AudioPath:
                 "buffered": self._buffered}
 
     @staticmethod
-    def _held(state: dict) -> list[tuple[int, int, str]]:
+    def _held(state: dict, frame: int) -> list[tuple[int, int, str]]:
         """The session sample ranges [a, b) a path restored from `state` takes back from the
         replay, and what each is: preroll frames, a step in the making, the frame tail, and the
         audio that primes a fresh VAD."""
@@ -173,13 +182,14 @@ class AudioPath:
         if state["tail"]:
             held.append((position, position + int(state["tail"]), "tail"))
         if state["vad"]:
-            held.append((max(0, position - PRIME_FRAMES * VAD_FRAME), position, "prime"))
+            held.append((max(0, position - PRIME_FRAMES * frame), position, "prime"))
         return held
 
     @staticmethod
-    def replay_start(state: dict) -> int:
-        """The first session sample (16 kHz) a path restored from `state` needs again."""
-        return min([int(state["position"])] + [a for a, _, _ in AudioPath._held(state)])
+    def replay_start(state: dict, rate: int = MODEL_RATE) -> int:
+        """The first session sample (at the model's `rate`) a path restored from `state` needs again."""
+        frame = int(round(VAD_FRAME_S * rate))
+        return min([int(state["position"])] + [a for a, _, _ in AudioPath._held(state, frame)])
 
     def restore(self, state: dict, start: int, refill: list[tuple[int, int]]) -> None:
         """Continue `state()`: replayed audio begins at session sample `start`; the samples in
@@ -193,7 +203,7 @@ class AudioPath:
         self._first = bool(state["first"])
         self._buffer, self._buffered, self._buffer_start = [], 0, int(state["buffer_start"])
         end = self._position + int(state["tail"])
-        held = [(a, b, "refill") for a, b in refill] + self._held(state)
+        held = [(a, b, "refill") for a, b in refill] + self._held(state, self.frame)
         self._replay = _Replay(int(start), end, sorted(held))
 
 
@@ -202,11 +212,11 @@ def _pcm16(frame: np.ndarray) -> bytes:
     return (np.clip(frame, -1.0, 1.0) * 32767).astype("<i2").tobytes()
 
 
-def _whole_frames(part: np.ndarray, piece: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+def _whole_frames(part: np.ndarray, piece: np.ndarray, frame: int) -> tuple[list[np.ndarray], np.ndarray]:
     """`part` (less than a VAD frame) followed by `piece`, as whole VAD frames and what is left."""
     pending = np.concatenate([part, piece]) if len(part) else piece
-    whole = len(pending) - len(pending) % VAD_FRAME
-    return [pending[i:i + VAD_FRAME] for i in range(0, whole, VAD_FRAME)], pending[whole:]
+    whole = len(pending) - len(pending) % frame
+    return [pending[i:i + frame] for i in range(0, whole, frame)], pending[whole:]
 
 
 class _Replay:
@@ -225,7 +235,7 @@ class _Replay:
                 continue
             piece = audio[a2 - lo:b2 - lo]
             if kind == "refill":
-                out.append(Chunk(piece, a2 / RATE, False, refill=True))
+                out.append(Chunk(piece, a2 / path.rate, False, refill=True))
             elif kind == "preroll":
                 path._preroll_bytes(piece)
             elif kind == "buffer":
@@ -244,14 +254,15 @@ class _Replay:
 class TimeMap:
     """Engine seconds -> session seconds, for an engine that only saw the speech chunks."""
 
-    def __init__(self):
+    def __init__(self, rate: int = MODEL_RATE):
+        self.rate = rate
         self._engine: list[float] = []   # engine seconds where each contiguous segment starts
         self._session: list[float] = []  # ... and the session seconds it corresponds to
         self._engine_end = 0.0
         self._session_end = None
 
     def add(self, chunk: Chunk) -> None:
-        seconds = len(chunk.audio) / RATE
+        seconds = len(chunk.audio) / self.rate
         if self._session_end is None or abs(chunk.start - self._session_end) > 1e-6:
             self._engine.append(self._engine_end)
             self._session.append(chunk.start)
@@ -271,14 +282,14 @@ class TimeMap:
         self._session_end = None if state["session_end"] is None else float(state["session_end"])
 
     def session_ranges(self, start: float, end: float) -> list[tuple[int, int]]:
-        """The session sample ranges [a, b) (16 kHz) holding engine seconds [start, end)."""
+        """The session sample ranges [a, b) (at the model's rate) holding engine seconds [start, end)."""
         out = []
         bounds = self._engine + [self._engine_end]
         for i, e0 in enumerate(self._engine):
             a, b = max(e0, start), min(bounds[i + 1], end)
             if a < b:
-                s0 = int(round((self._session[i] + (a - e0)) * RATE))
-                out.append((s0, s0 + int(round((b - a) * RATE))))
+                s0 = int(round((self._session[i] + (a - e0)) * self.rate))
+                out.append((s0, s0 + int(round((b - a) * self.rate))))
         return out
 
     def __call__(self, t: float) -> float:

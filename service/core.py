@@ -35,7 +35,7 @@ from whistle_stream.results import StreamUpdate
 from . import protocol as P
 from . import resume as R
 from .config import ServiceConfig
-from .audio import RATE, AudioPath, Chunk, EndOfSpeech, TimeMap
+from .audio import AudioPath, Chunk, EndOfSpeech, TimeMap
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,8 +232,9 @@ class SessionCore:
                                  getattr(engine, "note", None))
         self.observer = observer or _NoObserver()
         self.clock = clock
+        self.rate = engine.dims.rate      # the model's samples per second: engine sample counts -> seconds
         self.path = self._new_path()
-        self.time_map = TimeMap()
+        self.time_map = TimeMap(self.rate)
         self.bucket = TokenBucket(limits.control_rate, limits.control_burst, clock)
         self.stream: EngineStream | None = None
         self.failed = False            # the engine raised: no more engine calls
@@ -264,7 +265,7 @@ class SessionCore:
 
     def _new_path(self) -> AudioPath:
         c, lim = self.config, self.limits
-        return AudioPath(c.sample_rate, step_s=lim.step_s, vad=c.vad, aggressiveness=lim.vad_aggressiveness,
+        return AudioPath(c.sample_rate, rate=self.rate, step_s=lim.step_s, vad=c.vad, aggressiveness=lim.vad_aggressiveness,
                          end_of_speech_ms=lim.end_of_speech_ms)
 
     # -- resume ------------------------------------------------------------------------------
@@ -273,9 +274,9 @@ class SessionCore:
         path as `path` (the state that matches the engine's); compact: the engine's smaller
         checkpoint."""
         c, engine = self.config, self.stream.checkpoint(compact=compact)
-        buffer_s, received_s = engine["buffer_start"] / RATE, engine["received"] / RATE
+        buffer_s, received_s = engine["buffer_start"] / self.rate, engine["received"] / self.rate
         refill = self.time_map.session_ranges(buffer_s, received_s)
-        start = min([a for a, _ in refill] + [AudioPath.replay_start(path)])
+        start = min([a for a, _ in refill] + [AudioPath.replay_start(path, self.rate)])
         return {"sid": self.session.session_id,
                 "cfg": [c.sample_rate, c.encoding, c.language, list(self.session.keywords), c.vad],
                 "seq": self.session.seq, "lang": self.session.language, "step": self.limits.step_s,
@@ -293,7 +294,7 @@ class SessionCore:
         if token is None:
             state = self._token_state(path, compact=True)
             token = R.seal(state, self.resume_secret, self.wall_clock(), self.resume_ttl)
-        return token, state["from"] / RATE
+        return token, state["from"] / self.rate
 
     def _resume(self, token: str) -> None:
         if self.resume_secret is None:
@@ -319,12 +320,12 @@ class SessionCore:
             self.session = P.Session(str(state["sid"]), self.config, self.engine.name, self.engine.dims.languages,
                                      getattr(self.engine, "note", None))
             start = int(state["from"])
-            self.replay_from = start / RATE
+            self.replay_from = start / self.rate
             self.session.resume(int(state["seq"]), self.replay_from, str(state["lang"]), tuple(keywords))
             self.stream = self.engine.restore_stream(state["engine"], keywords=list(keywords) or None)
             self.time_map.restore(state["time"])
             self.path.restore(state["path"], start, [tuple(r) for r in state["refill"]])
-            self._replay_until = (int(state["path"]["position"]) + int(state["path"]["tail"])) / RATE
+            self._replay_until = (int(state["path"]["position"]) + int(state["path"]["tail"])) / self.rate
             self._utterance_fed = bool(state["fed"])
         except P.ProtocolError:
             raise
@@ -541,7 +542,7 @@ class SessionCore:
         now = self.clock()
         if self.session.audio_seconds - seconds > now - since + LIVE_SLACK_S:
             return False
-        whole = self._arrived(chunks[0].start + len(chunks[0].audio) / RATE)
+        whole = self._arrived(chunks[0].start + len(chunks[0].audio) / self.rate)
         return whole is not None and now - whole > CATCH_UP_LAG_S
 
     def _refill(self, chunks: list[Chunk]) -> None:

@@ -83,7 +83,7 @@ def parse_query(query: str, languages: Sequence[str] = ()) -> tuple[P.SessionCon
     if encoding != "linear16":
         raise DeepgramError(400, f"encoding {encoding[:30]!r} is not supported; send raw PCM with "
                             "encoding=linear16 and sample_rate")
-    raw_rate = one.get("sample_rate", "16000")
+    raw_rate = one.get("sample_rate", str(P.DEFAULT_SAMPLE_RATE))
     if not raw_rate.isdecimal() or not P.MIN_SAMPLE_RATE <= int(raw_rate) <= P.MAX_SAMPLE_RATE:
         raise DeepgramError(400, f"sample_rate must be {P.MIN_SAMPLE_RATE} to {P.MAX_SAMPLE_RATE}, got {raw_rate[:20]!r}")
     if one.get("channels", "1") != "1":

@@ -26,6 +26,7 @@ from .params import group, parse_bool
 
 PROTOCOL_VERSION = 2   # 2: resume tokens (`resume`, `replay_from`, `ready.resumed`)
 
+DEFAULT_SAMPLE_RATE = 16000        # the query's default: Whistle's own rate, so nothing is resampled
 MIN_SAMPLE_RATE = 8000
 MAX_SAMPLE_RATE = 48000
 ENCODINGS = {"pcm_s16le": 2, "pcm_f32le": 4}  # encoding -> bytes per sample
@@ -280,7 +281,7 @@ def decode_server(text: str | bytes) -> ServerMessage:
 @dataclass(frozen=True)
 class SessionConfig:
     """What the client asked for in the /v1/listen query string."""
-    sample_rate: int = 16000
+    sample_rate: int = DEFAULT_SAMPLE_RATE
     encoding: str = "pcm_s16le"
     language: str | None = None      # None: detected by the engine
     keywords: tuple[str, ...] = ()
@@ -350,7 +351,7 @@ def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:
     except ValueError as e:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"query {e}") from e
 
-    sample_rate = 16000
+    sample_rate = DEFAULT_SAMPLE_RATE
     if "sample_rate" in one:
         raw = one["sample_rate"]
         if not raw.isdecimal() or not MIN_SAMPLE_RATE <= int(raw) <= MAX_SAMPLE_RATE:  # isdigit() passes "²"

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from whistle_stream.service.audio import RATE, AudioPath, Chunk, EndOfSpeech, TimeMap
+from whistle_stream.frontend import MODEL_RATE as RATE
+from whistle_stream.service.audio import AudioPath, Chunk, EndOfSpeech, TimeMap
 
 
 def voiced(seconds: float, rate: int = RATE) -> np.ndarray:
@@ -60,6 +61,26 @@ def test_speech_then_silence_gives_chunks_then_one_end_of_speech():
     for a, b in zip(chunks, chunks[1:]):
         assert b.start == pytest.approx(a.start + len(a.audio) / RATE)
     assert 3.5 + 0.6 <= ends[0].at <= 3.5 + 0.6 + 0.25  # webrtcvad adds a short hangover of its own
+
+
+@pytest.mark.parametrize("model_rate", [8000, 32000])
+def test_the_path_runs_at_the_model_s_rate(model_rate):
+    """The engine's samples are the model's: a model at another rate gets chunks at its rate,
+    with the same session times, VAD frames and end of speech as at 16 kHz."""
+    path = AudioPath(RATE, rate=model_rate, vad=True, end_of_speech_ms=600)
+    audio = np.concatenate([silence(1.0), voiced(2.5), silence(1.5)])
+    events = push_in_pieces(path, audio, 800)
+    chunks = [e for e in events if isinstance(e, Chunk)]
+    ends = [e for e in events if isinstance(e, EndOfSpeech)]
+    assert path.frame == 30 * model_rate // 1000
+    assert all(len(c.audio) == model_rate for c in chunks[:-1])    # 1 s steps at the model's rate
+    assert 0.65 <= chunks[0].start <= 1.0 and len(ends) == 1
+    assert 3.5 + 0.6 <= ends[0].at <= 3.5 + 0.6 + 0.25
+    for a, b in zip(chunks, chunks[1:]):
+        assert b.start == pytest.approx(a.start + len(a.audio) / model_rate)
+    tm = TimeMap(model_rate)
+    tm.add(Chunk(np.zeros(model_rate, np.float32), 5.0, True))
+    assert tm.session_ranges(0.0, 0.5) == [(5 * model_rate, 5 * model_rate + model_rate // 2)]
 
 
 def test_two_utterances_each_start_a_first_chunk():
