@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -240,7 +241,10 @@ class SessionCore:
         self.failed = False            # the engine raised: no more engine calls
         self._utterance_fed = False    # audio of the current utterance reached the engine
         self._passes_seen = 0
-        self._arrivals: deque = deque()  # (session seconds received so far, clock time)
+        # (session seconds received so far, clock time): appended by the cheap half (the event
+        # loop's thread), read by the engine half (a pool thread), so always under the lock
+        self._arrivals: deque = deque()
+        self._arrivals_lock = threading.Lock()
         self._pace: tuple[float, float] | None = None  # (session seconds, clock) where live audio began
         self.resume_secret, self.resume_ttl, self.wall_clock = resume_secret, resume_ttl, wall_clock
         self.resumed = False
@@ -406,7 +410,8 @@ class SessionCore:
             self.observer.replayed(min(seconds, self._replay_until) - before)
         self.observer.audio(len(samples) / self.config.sample_rate)
         now = self.clock()
-        self._arrivals.append((seconds, now))
+        with self._arrivals_lock:
+            self._arrivals.append((seconds, now))
         if self._pace is None and before >= self._replay_until:
             self._pace = (before, now)   # live audio starts here (after any replay)
         limit = self.limits.max_session_seconds
@@ -568,9 +573,10 @@ class SessionCore:
 
     def _arrived(self, t: float) -> float | None:
         """Clock time at which session second `t` had been received (None: not known)."""
-        while len(self._arrivals) > 1 and self._arrivals[1][0] < t - 5.0:
-            self._arrivals.popleft()   # keep a few seconds before the oldest word still to commit
-        for seconds, at in self._arrivals:
-            if seconds >= t:
-                return at
-        return self._arrivals[-1][1] if self._arrivals else None
+        with self._arrivals_lock:
+            while len(self._arrivals) > 1 and self._arrivals[1][0] < t - 5.0:
+                self._arrivals.popleft()   # keep a few seconds before the oldest word still to commit
+            for seconds, at in self._arrivals:
+                if seconds >= t:
+                    return at
+            return self._arrivals[-1][1] if self._arrivals else None

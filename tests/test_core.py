@@ -277,3 +277,46 @@ def test_the_service_step_range_is_the_engine_s():
         ServiceConfig(step_s=20)
     with pytest.raises(ValueError):
         StreamSession(FakeWhistle(), step_s=MAX_STEP_S + 0.1)
+
+
+def test_the_cheap_half_and_the_engine_half_run_on_two_threads():
+    """As the server runs a session: frames are received on the event loop's thread while the
+    engine half runs on a pool thread. Reading the arrival times while audio arrives must not
+    fail the session (it did: `deque mutated during iteration`, an `internal` under load)."""
+    import queue
+    import sys
+    import threading
+    import time
+
+    core, model = open_core(vad=False, max_session_seconds=10_000)
+    frame = pcm(voiced(0.02))
+    work: queue.Queue = queue.Queue()
+    errors: list = []
+    done = threading.Event()
+
+    def engine_half():
+        while not done.is_set() or not work.empty():
+            try:
+                item = work.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            try:
+                core.execute(item)
+            except Exception as e:  # noqa: BLE001 - the test reports what failed
+                errors.append(e)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as possible: the race shows in seconds
+    try:
+        engine = threading.Thread(target=engine_half)
+        engine.start()
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and not errors:
+            work.put(core.receive(frame).work)
+        done.set()
+        engine.join(30)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert model.passes > 10
