@@ -20,6 +20,8 @@ from typing import Any, Callable, Protocol
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from whistle_stream import allocator
+
 from . import protocol as P
 from .core import Feed, FinishNow, SessionCore, SessionLimits, Work
 from .observe import MetricsObserver, log_event
@@ -191,6 +193,7 @@ class SessionRunner:
                 t.cancel()
             self._log("session_closed", audio_seconds=round(self.session.audio_seconds, 3),
                       passes=self.session.passes, committed=self.session.seq)
+            allocator.release()   # what the session's threads freed goes back to the system
 
     async def _receive_loop(self):
         """Read frames until the session should end; returns (reason, close code, error message)."""

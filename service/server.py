@@ -37,7 +37,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from whistle_stream import __version__
+from whistle_stream import __version__, allocator
 from whistle_stream.frontend import warm_signal
 
 from . import deepgram, openai_api, realtime, wyoming_server
@@ -96,6 +96,7 @@ class App:
         self.model = model
         self._owns_model = model is None   # loaded here, so closed here (worker processes)
         self.metrics = Metrics()
+        allocator.limit_arenas()   # before the pool's threads allocate: see whistle_stream.allocator
         self.pool = ThreadPoolExecutor(max_workers=engine_threads(self.config), thread_name_prefix="engine")
         self.sessions: set[SessionRunner] = set()
         self.requests_open = 0   # transcription uploads on the engine now

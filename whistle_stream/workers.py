@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import allocator
 from .errors import WhistleError
 from .models import ModelFile
 from .results import StreamUpdate
@@ -85,6 +86,7 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
     # Ctrl-C in a terminal reaches the whole process group: the server drains its sessions then,
     # through this worker, which must go on until the server stops it (or its pipe closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    allocator.limit_arenas()
     if initializer is not None:
         initializer(*initargs)
     model = Whistle(path, audio_depth=audio_depth)
@@ -97,6 +99,8 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
             return
         for gone in dropped:
             streams.pop(gone, None)
+        if dropped:
+            allocator.release()   # a closed stream's buffers and scratch go back to the system
         try:
             if op == "open":
                 streams[sid] = model.open_stream(*args, **kwargs)
