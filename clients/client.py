@@ -29,6 +29,7 @@ from urllib.parse import urlencode, urlsplit
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.typing import Origin
 
 from whistle_stream.service import protocol as P
 
@@ -106,9 +107,10 @@ def check_server_url(server: str) -> str:
     parts = urlsplit(server.strip())
     try:
         parts.port   # raises ValueError for a port that is not a number
+        port_ok = True
     except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname:
+        port_ok = False
+    if not port_ok or parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname:
         raise ClientError(f"the server must be a URL like ws://127.0.0.1:8000 (ws, wss, http or https "
                           f"with a host), got {server!r}")
     return server.strip()
@@ -203,11 +205,18 @@ class ListenClient:
         """Exponential backoff with jitter: seconds before retry `attempt` (1, 2, ...)."""
         return min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.75 + 0.5 * random.random())
 
+    @property
+    def _ws(self) -> ClientConnection:
+        """The open connection (every use comes after `connect`)."""
+        if self.ws is None:
+            raise ClientError("not connected: call connect() first")
+        return self.ws
+
     async def _connect_once(self, resume: str | None = None) -> P.Ready:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         url = self.url if resume is None else self.url.split("?")[0] + "?" + urlencode({"resume": resume})
         try:
-            self.ws = await connect(url, additional_headers=headers, origin=self.origin,
+            self.ws = await connect(url, additional_headers=headers, origin=Origin(self.origin) if self.origin else None,
                                     open_timeout=self.open_timeout, max_size=2 ** 22)
         except InvalidStatus as e:
             status = e.response.status_code
@@ -238,7 +247,7 @@ class ListenClient:
 
     async def _receive_plain(self) -> P.ServerMessage:
         try:
-            return P.decode_server(await self.ws.recv())
+            return P.decode_server(await self._ws.recv())
         except ConnectionClosed as e:
             raise self._ended(e) from e
 
@@ -261,7 +270,7 @@ class ListenClient:
         while True:
             generation = self._generation
             try:
-                text = await self.ws.recv()
+                text = await self._ws.recv()
             except ConnectionClosed as e:
                 if not self._resumable(e):
                     raise self._ended(e) from e
@@ -343,7 +352,7 @@ class ListenClient:
         if ready.resumed:
             audio = self.replay.since(ready.replay_from)
             if audio is None:    # dropped already: this session cannot continue; start afresh
-                await self.ws.close()
+                await self._ws.close()
                 self.resume_token = None
                 ready = await self._connect_once(resume=None)
         if not ready.resumed:
@@ -351,10 +360,11 @@ class ListenClient:
             self._seq_offset, self._time_offset = self.seq, self.replay.start / self.replay.width / self.replay.rate
             audio = bytes(self.replay.data)
         step = int(REPLAY_FRAME_S * self.replay.rate) * self.replay.width
+        assert audio is not None   # resumed with the audio still held, or a new session sent it all
         for i in range(0, len(audio), step):
-            await self.ws.send(audio[i:i + step])
+            await self._ws.send(audio[i:i + step])
         if self._close_sent:
-            await self.ws.send(json.dumps({"type": "close"}))
+            await self._ws.send(json.dumps({"type": "close"}))
 
     def __aiter__(self):
         return self
@@ -383,7 +393,7 @@ class ListenClient:
             self.replay.add(data)
         generation = self._generation
         try:
-            await self.ws.send(data)
+            await self._ws.send(data)
         except ConnectionClosed as e:
             if not self._resumable(e):
                 raise self._ended(e) from e
@@ -394,7 +404,7 @@ class ListenClient:
             self._close_sent = True
         generation = self._generation
         try:
-            await self.ws.send(json.dumps(obj))
+            await self._ws.send(json.dumps(obj))
         except ConnectionClosed as e:
             if not self._resumable(e):
                 raise self._ended(e) from e
@@ -425,7 +435,7 @@ class ListenClient:
         """Commit everything, wait for the `final` and the server's close."""
         await self.request_close()
         final = await self._until_final()
-        await self.ws.wait_closed()
+        await self._ws.wait_closed()
         return final
 
     @property

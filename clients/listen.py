@@ -316,7 +316,7 @@ async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
     task = asyncio.current_task()
 
     def on_sigint():   # first Ctrl-C: finish cleanly; second: give up now
-        if stop.is_set():
+        if stop.is_set() and task is not None:
             task.cancel()
         stop.set()
 

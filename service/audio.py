@@ -21,9 +21,8 @@ import webrtcvad
 
 from whistle_stream.frontend import MODEL_RATE
 
-from .config import ServiceConfig
+from .config import DEFAULTS
 
-_SERVICE = ServiceConfig.__dataclass_fields__   # the defaults, and their meaning, are ServiceConfig's
 VAD_FRAME_S = 0.03     # 30 ms: one of webrtcvad's three frame lengths
 PREROLL_FRAMES = 10    # 300 ms kept before a speech onset so the first word's attack is not cut
 ONSET_FRAMES = 3       # speech frames among the last ONSET_WINDOW that start an utterance (90 ms)
@@ -48,9 +47,9 @@ class EndOfSpeech:
 class AudioPath:
     """A client's audio at `sample_rate` -> the model's `rate`, gated by the VAD, in steps."""
 
-    def __init__(self, sample_rate: int, *, rate: int = MODEL_RATE, step_s: float = _SERVICE["step_s"].default,
-                 vad: bool = True, aggressiveness: int = _SERVICE["vad_aggressiveness"].default,
-                 end_of_speech_ms: int = _SERVICE["end_of_speech_ms"].default):
+    def __init__(self, sample_rate: int, *, rate: int = MODEL_RATE, step_s: float = DEFAULTS.step_s,
+                 vad: bool = True, aggressiveness: int = DEFAULTS.vad_aggressiveness,
+                 end_of_speech_ms: int = DEFAULTS.end_of_speech_ms):
         self.sample_rate, self.rate = sample_rate, rate
         self.step = int(round(step_s * rate))
         self.frame = int(round(VAD_FRAME_S * rate))     # webrtcvad takes 8, 16, 32 or 48 kHz
@@ -75,6 +74,7 @@ class AudioPath:
     def _prime(self, piece: np.ndarray) -> None:
         """Replayed audio before the restored position: through the VAD, its answers unused."""
         frames, self._prime_part = _whole_frames(self._prime_part, piece, self.frame)
+        assert self.vad is not None   # a state with VAD off holds no priming audio
         for frame in frames:
             self.vad.is_speech(_pcm16(frame), self.rate)
 
@@ -112,6 +112,7 @@ class AudioPath:
     def _frame(self, frame: np.ndarray, out: list) -> None:
         start = self._position
         self._position += len(frame)
+        assert self.vad is not None   # frames are cut only with VAD on
         speech = self.vad.is_speech(_pcm16(frame), self.rate)
         self._recent.append(speech)
         if not self.in_speech:
@@ -259,7 +260,7 @@ class TimeMap:
         self._engine: list[float] = []   # engine seconds where each contiguous segment starts
         self._session: list[float] = []  # ... and the session seconds it corresponds to
         self._engine_end = 0.0
-        self._session_end = None
+        self._session_end: float | None = None
 
     def add(self, chunk: Chunk) -> None:
         seconds = len(chunk.audio) / self.rate

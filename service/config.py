@@ -88,6 +88,9 @@ class ServiceConfig:
                 raise ValueError(f"invalid service setting: {message}")
 
 
+DEFAULTS = ServiceConfig()   # every setting's default, typed: the one place other modules read them
+
+
 _HELP = {
     "host": "interface to listen on",
     "port": "TCP port (0: any free port)",
@@ -127,7 +130,7 @@ def env_name(name: str) -> str:
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add every ServiceConfig field as --flag (default from WHISTLE_FLAG). Returns the parser."""
-    defaults = ServiceConfig()
+    defaults = DEFAULTS
     for f in fields(ServiceConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
@@ -148,7 +151,7 @@ _OPTIONAL_TEXT = ("token", "model", "resume_secret")   # text settings that may 
 def config_from_args(args: argparse.Namespace | None = None, environ=None) -> ServiceConfig:
     """Flags (strings or None) > WHISTLE_* environment > defaults -> a checked ServiceConfig."""
     environ = os.environ if environ is None else environ
-    defaults = ServiceConfig()
+    defaults = DEFAULTS
     values = {}
     for f in fields(ServiceConfig):
         raw = getattr(args, f.name, None) if args is not None else None
@@ -170,4 +173,4 @@ def config_from_args(args: argparse.Namespace | None = None, environ=None) -> Se
             expected = f"true or false ({', '.join(TRUE + FALSE)})" if kind is bool else kind.__name__
             raise ValueError(f"invalid value {raw!r} for --{f.name.replace('_', '-')} / "
                              f"{env_name(f.name)}: expected {expected}") from e
-    return ServiceConfig(**values)
+    return ServiceConfig(**values)  # type: ignore[arg-type]  # each value parsed to its field's type above

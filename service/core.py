@@ -35,7 +35,7 @@ from whistle_stream.results import StreamUpdate
 
 from . import protocol as P
 from . import resume as R
-from .config import ServiceConfig
+from .config import DEFAULTS
 from .audio import AudioPath, Chunk, EndOfSpeech, TimeMap
 
 
@@ -113,7 +113,6 @@ LIVE_SLACK_S = 0.5
 # ---------------------------------------------------------------------------------------------
 # Settings and work items
 
-_SERVICE = ServiceConfig.__dataclass_fields__   # the defaults, and their meaning, are ServiceConfig's
 
 
 @dataclass(frozen=True)
@@ -121,12 +120,12 @@ class SessionLimits:
     """The per-session part of the service settings (`server.limits_of(ServiceConfig)`); each
     default and its meaning are ServiceConfig's field of the same name."""
 
-    step_s: float = _SERVICE["step_s"].default
-    max_session_seconds: float = _SERVICE["max_session_seconds"].default
-    control_rate: float = _SERVICE["control_rate"].default
-    control_burst: int = _SERVICE["control_burst"].default
-    vad_aggressiveness: int = _SERVICE["vad_aggressiveness"].default
-    end_of_speech_ms: int = _SERVICE["end_of_speech_ms"].default
+    step_s: float = DEFAULTS.step_s
+    max_session_seconds: float = DEFAULTS.max_session_seconds
+    control_rate: float = DEFAULTS.control_rate
+    control_burst: int = DEFAULTS.control_burst
+    vad_aggressiveness: int = DEFAULTS.vad_aggressiveness
+    end_of_speech_ms: int = DEFAULTS.end_of_speech_ms
 
 
 @dataclass(frozen=True)
@@ -277,7 +276,7 @@ class SessionCore:
         """Everything a fresh core needs to continue this session (no audio), with the audio
         path as `path` (the state that matches the engine's); compact: the engine's smaller
         checkpoint."""
-        c, engine = self.config, self.stream.checkpoint(compact=compact)
+        c, engine = self.config, self._live.checkpoint(compact=compact)
         buffer_s, received_s = engine["buffer_start"] / self.rate, engine["received"] / self.rate
         refill = self.time_map.session_ranges(buffer_s, received_s)
         start = min([a for a, _ in refill] + [AudioPath.replay_start(path, self.rate)])
@@ -475,7 +474,7 @@ class SessionCore:
         if not any(isinstance(m, (P.Committed, P.Final)) for m in messages):
             return messages
         token, replay_from = self.token(path)
-        if token is None:
+        if token is None or replay_from is None:
             return messages
         return [dataclasses.replace(m, resume=token, replay_from=round(replay_from, 6))
                 if isinstance(m, (P.Committed, P.Final)) else m for m in messages]
@@ -487,12 +486,12 @@ class SessionCore:
             if not self._utterance_fed:
                 return []
             self._utterance_fed = False
-            return self._publish(self.stream.finalize(audio), end_of_speech=True)
+            return self._publish(self._live.finalize(audio), end_of_speech=True)
         if isinstance(item, FinalizeNow):
-            return self._publish(self.stream.finalize(audio), final="finalize")
+            return self._publish(self._live.finalize(audio), final="finalize")
         if isinstance(item, Reconfigure):
             try:
-                self.stream.configure(keywords=list(item.keywords))
+                self._live.configure(keywords=list(item.keywords))
             except ValueError as e:   # the engine refused a keyword: the old ones stay
                 return [P.Error(P.ErrorCode.BAD_MESSAGE, str(e)[:300])]
             return []
@@ -504,7 +503,7 @@ class SessionCore:
         if isinstance(item, FinishNow):
             if item.suspend:
                 return self.session.final(None, item.reason)
-            return self._publish(self.stream.finish(audio), final=item.reason)
+            return self._publish(self._live.finish(audio), final=item.reason)
         raise TypeError(f"not a work item: {item!r}")
 
     def _feed(self, chunks: list[Chunk], then: Work | None = None) -> list[P.ServerMessage]:
@@ -532,7 +531,7 @@ class SessionCore:
         behind = self._behind(chunks)
         if behind:
             self.observer.caught_up()
-        return self._publish(self.stream.feed(audio, catch_up=behind))
+        return self._publish(self._live.feed(audio, catch_up=behind))
 
     def _behind(self, chunks: list[Chunk]) -> bool:
         """A live session that has fallen behind: its audio arrives no faster than real time and
@@ -552,12 +551,12 @@ class SessionCore:
 
     def _refill(self, chunks: list[Chunk]) -> None:
         """Replayed audio the resumed engine stream held: back into its buffer (no pass runs)."""
-        self.stream.feed(np.concatenate([c.audio for c in chunks]))
+        self._live.feed(np.concatenate([c.audio for c in chunks]))
 
     def _publish(self, update: StreamUpdate, *, end_of_speech: bool = False,
                  final: str | None = None) -> list[P.ServerMessage]:
-        passes = self.stream.passes - self._passes_seen
-        self._passes_seen = self.stream.passes
+        passes = self._live.passes - self._passes_seen
+        self._passes_seen = self._live.passes
         if passes:
             self.observer.passes(passes, update.pass_ms / 1000 / passes)
         update = dataclasses.replace(update, words=tuple(
@@ -570,6 +569,12 @@ class SessionCore:
         if final is None:
             return self.session.results(update, end_of_speech=end_of_speech, passes=passes)
         return self.session.final(update, final, passes=passes)
+
+    @property
+    def _live(self) -> EngineStream:
+        """The engine stream: every engine call comes after `open` made it."""
+        assert self.stream is not None, "the session's engine stream is not open"
+        return self.stream
 
     def _arrived(self, t: float) -> float | None:
         """Clock time at which session second `t` had been received (None: not known)."""

@@ -31,7 +31,6 @@ _REPEATABLE = ("keyterm", "keywords", "tag", "extra")
 # Refused with an error: features this server does not have
 _UNSUPPORTED = ("diarize", "diarize_model", "multichannel", "redact", "replace", "search", "callback",
                 "callback_method", "detect_entities", "language_hint", "alternatives", "detect_language")
-DEFAULT_ENDPOINTING_MS = 600     # Deepgram's default is 10 ms; ours is a VAD and needs more to be sure
 MIN_ENDPOINTING_MS = 90
 NO_ENDPOINTING_MS = 10_000_000   # endpointing=false: utterances end only at Finalize or the stream's end
 
@@ -52,7 +51,9 @@ class Options:
     interim_results: bool = False
     utterance_end_ms: int | None = None
     vad_events: bool = False
-    end_of_speech_ms: int = DEFAULT_ENDPOINTING_MS
+    # endpointing: None leaves the server's --end-of-speech-ms (Deepgram's 10 ms default is too
+    # short for a VAD to be sure speech has ended)
+    end_of_speech_ms: int | None = None
     model: str = "whistle"
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
@@ -101,7 +102,7 @@ def parse_query(query: str, languages: Sequence[str] = ()) -> tuple[P.SessionCon
         keywords = P.check_keywords(phrases, "keyword")
     except P.ProtocolError as e:
         raise DeepgramError(400, e.message) from e
-    end_of_speech_ms = DEFAULT_ENDPOINTING_MS
+    end_of_speech_ms = None
     if "endpointing" in one:
         raw = one["endpointing"].lower()
         if raw in FALSE and not raw.isdecimal():   # endpointing=0 is a time

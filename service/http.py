@@ -120,6 +120,7 @@ class Exchange(asyncio.Protocol):
             self._reply(Reply(408, _error("the request did not arrive in time")))
 
     async def _handle(self) -> None:
+        assert self.request is not None   # handled once the whole request has arrived
         try:
             reply = await self.handler(self.request, bytes(self.body))
         except asyncio.CancelledError:
@@ -171,7 +172,7 @@ def diverting(handler: Handler, max_body: int, timeout: float) -> type[ServerCon
             exchange = Exchange(transport, handler, max_body, timeout)
             transport.set_protocol(exchange)
             self._diverted = True
-            self.transport = _Inert()           # websockets' own timeouts now abort nothing
+            self.transport = _Inert()  # type: ignore[assignment]  # websockets' own timeouts now abort nothing
             if not self.request_rcvd.done():
                 self.request_rcvd.set_result(None)
             exchange.data_received(data)

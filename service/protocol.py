@@ -300,7 +300,7 @@ def _pairs(params) -> list[tuple[str, str]]:
         text = params.decode("utf-8", "replace") if isinstance(params, bytes) else params
         return parse_qsl(text.lstrip("?"), keep_blank_values=True)
     if isinstance(params, Mapping):
-        pairs = []
+        pairs: list[tuple[str, str]] = []
         for key, value in params.items():
             values = value if isinstance(value, (list, tuple)) else [value]
             pairs.extend((str(key), str(v)) for v in values)

@@ -274,6 +274,7 @@ class Dialect:
         s = self.settings
         transcription = {"model": s.model, "language": s.language, "prompt": s.prompt}
         turn = None if s.turn is None else s.turn.wire()
+        session: dict[str, Any]
         if self.beta:
             session = {"id": self.session_id, "object": "realtime.transcription_session",
                        "input_audio_format": "pcm16", "input_audio_transcription": transcription,

@@ -18,11 +18,11 @@ import json
 import os
 import zlib
 
-from .config import ServiceConfig
+from .config import DEFAULTS
 from .protocol import MAX_RESUME_CHARS, ErrorCode, ProtocolError
 
 VERSION = 1
-DEFAULT_TTL_S = ServiceConfig.__dataclass_fields__["resume_ttl"].default   # --resume-ttl's default
+DEFAULT_TTL_S = DEFAULTS.resume_ttl   # --resume-ttl's default
 
 
 def random_secret() -> bytes:

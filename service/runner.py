@@ -1,6 +1,6 @@
 """One live session's transport around its `SessionCore`, whatever carries its frames.
 
-    runner = SessionRunner(app, WebSocketChannel(conn), config, dialect=NativeDialect())
+    runner = SessionRunner(app, WebSocketChannel(conn), config, make_dialect=lambda core: NativeDialect())
     await runner.run()
 
 A `Channel` moves frames (a WebSocket, or a Wyoming connection's events); a dialect translates
@@ -98,21 +98,20 @@ class SessionRunner:
     sender:  outgoing queue -> channel (bounded; a client that does not read is disconnected)
 
     `app` is the service (`server.App`): its engine pool, model, settings, metrics and resume
-    secret. `dialect`: a `Dialect`, or a function of the core that makes one (a dialect that
-    reads the session's counters). `resumable`: sessions of this dialect get resume tokens.
+    secret. `make_dialect(core)` makes the session's `Dialect` (given the core, for a dialect that
+    reads the session's counters; default: our protocol). `resumable`: sessions of this dialect
+    get resume tokens.
     """
 
     def __init__(self, app, channel: Channel, config: P.SessionConfig, limits: SessionLimits | None = None,
-                 dialect: Dialect | Callable[[SessionCore], Dialect] | None = None, resumable: bool = True):
+                 make_dialect: Callable[[SessionCore], Dialect] | None = None, resumable: bool = True):
         self.app, self.channel, self.config = app, channel, config
         self.id = uuid.uuid4().hex[:12]
         self.core = SessionCore(app.model, config, limits or app.limits, session_id=self.id,
                                 observer=MetricsObserver(app.metrics),
                                 resume_secret=app.resume_secret if resumable else None,
                                 resume_ttl=app.config.resume_ttl)
-        dialect = dialect if dialect is not None else NativeDialect()
-        self.dialect: Dialect = dialect(self.core) if callable(dialect) and not hasattr(dialect, "outgoing") \
-            else dialect
+        self.dialect: Dialect = make_dialect(self.core) if make_dialect is not None else NativeDialect()
         self.task = asyncio.current_task()
         c = app.config
         self._work: deque[Work] = deque()

@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from websockets.asyncio.server import ServerConnection, serve as ws_serve
+from websockets.asyncio.server import Server, ServerConnection, serve as ws_serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
@@ -92,7 +92,8 @@ class App:
         self.config = config or ServiceConfig()
         self.limits = limits_of(self.config)
         self.resume_shared = self.config.resume_secret is not None
-        self.resume_secret = (self.config.resume_secret.encode() if self.resume_shared else random_secret())
+        secret = self.config.resume_secret
+        self.resume_secret = secret.encode() if secret is not None else random_secret()
         self.model = model
         self._owns_model = model is None   # loaded here, so closed here (worker processes)
         self.metrics = Metrics()
@@ -102,7 +103,7 @@ class App:
         self.requests_open = 0   # transcription uploads on the engine now
         self.ready = False
         self.draining = False
-        self.server = None
+        self.server: Server | None = None
         self.port: int | None = None
         self.wyoming_port: int | None = None
         # The captions page, when the caller serves one (the command line passes the clients' folder).
@@ -405,13 +406,14 @@ class App:
     # -- WebSocket ---------------------------------------------------------------------------
     async def _handle(self, conn: ServerConnection) -> None:
         request = conn.request
+        assert request is not None   # websockets hands over a connection after its handshake
         path, _, query = request.path.partition("?")
         channel = WebSocketChannel(conn)
         beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
         # how a refusal before the session speaks: Realtime's error event, else our protocol's
         refusing: Dialect = (realtime.Dialect(self.model_name, self.model.dims.languages, audio_seconds=lambda: 0.0,
                                               beta=beta) if path == realtime.PATH else NativeDialect())
-        dialect: Dialect | Callable[[SessionCore], Dialect] = refusing
+        make_dialect: Callable[[SessionCore], Dialect] = lambda core: refusing
         if self.draining:   # the handshake passed just before the drain began
             await refuse(self.metrics, channel, refusing, P.ErrorCode.SHUTTING_DOWN,
                          "the server is shutting down; reconnect")
@@ -430,12 +432,13 @@ class App:
         try:
             if path == deepgram.LISTEN_PATH:   # checked at the handshake already (_route)
                 session_config, options = deepgram.parse_query(query, languages)
-                limits = dataclasses.replace(limits, end_of_speech_ms=options.end_of_speech_ms)
-                dialect = partial(_deepgram_dialect, options, self.model_name)
+                if options.end_of_speech_ms is not None:
+                    limits = dataclasses.replace(limits, end_of_speech_ms=options.end_of_speech_ms)
+                make_dialect = partial(_deepgram_dialect, options, self.model_name)
             elif path == realtime.PATH:
                 realtime.check_query(query)
                 session_config, resumable = realtime.session_config(), False
-                dialect = partial(_realtime_dialect, self.model_name, languages, beta)
+                make_dialect = partial(_realtime_dialect, self.model_name, languages, beta)
             else:
                 session_config = P.parse_query(query, languages)
         except (P.ProtocolError, deepgram.DeepgramError) as e:
@@ -444,7 +447,7 @@ class App:
             code = code if isinstance(code, P.ErrorCode) else P.ErrorCode.BAD_REQUEST
             await refuse(self.metrics, channel, refusing, code, e.message)
             return
-        await self.run_session(SessionRunner(self, channel, session_config, limits, dialect, resumable=resumable))
+        await self.run_session(SessionRunner(self, channel, session_config, limits, make_dialect, resumable=resumable))
 
     async def run_session(self, runner: SessionRunner) -> None:
         """Run one live session of any dialect, counted against --max-sessions and drained with
@@ -497,10 +500,13 @@ async def serve(model=None, config: ServiceConfig | None = None, web_root: Path 
     app = build_app(model, config, web_root)
     loop = asyncio.get_running_loop()
     await app.start(warm=False)
+    def on_signal(sig: signal.Signals) -> None:
+        log_event("signal", signal=sig.name)
+        asyncio.ensure_future(app.drain())
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, lambda s=sig: (log_event("signal", signal=s.name),
-                                                        asyncio.ensure_future(app.drain())))
+            loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):
             pass
     await app.warm()
@@ -519,7 +525,7 @@ def main(argv=None, *, model=None, web_root: Path | None = None) -> int:
     setup_logging(config.log_level, config.log_format)
     try:
         import uvloop
-        run = uvloop.run
+        run: Callable = uvloop.run
     except ImportError:
         run = asyncio.run
     try:

@@ -203,7 +203,7 @@ class Connection:
         language, self.language = self.language, None   # a transcribe names the next transcription only
         self.events = asyncio.Queue()
         runner = SessionRunner(app, self, W.session_config(audio, language),
-                               dialect=W.Dialect(audio, language), resumable=False)
+                               make_dialect=lambda core: W.Dialect(audio, language), resumable=False)
         self.session = asyncio.ensure_future(app.run_session(runner))
 
 
@@ -230,6 +230,7 @@ class WyomingServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        assert task is not None   # a connection is served by its own task
         self.connections.add(task)
         try:
             await Connection(self, reader, writer).run()

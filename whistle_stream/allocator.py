@@ -22,6 +22,7 @@ ARENAS = 2
 RELEASE_EVERY_S = 5.0
 _M_ARENA_MAX = -8          # mallopt's parameter number in glibc's malloc.h
 
+_libc: ctypes.CDLL | None
 try:
     _libc = ctypes.CDLL("libc.so.6")
     _libc.mallopt.argtypes, _libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

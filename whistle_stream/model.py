@@ -131,6 +131,7 @@ class Whistle(ModelFile):
         if len(enc) == 0:
             return {"tokens": [], "text": "", "language": language or "", "words": [], "ttft": 0.0,
                     "decode_s": 0.0}
+        assert state is not None   # made whenever there is encoder output
         greedy = beams == 1 and biaser is None
         if greedy and words:
             self.decoder.record(state)  # the word times' weights, as the search feeds the positions
@@ -229,8 +230,8 @@ class Whistle(ModelFile):
             language = self._detect_language(self.decoder.logits(enc, [d.bos])[0])
         tag = d.language_id(language)
         logits, weights = self.decoder.logits_and_weights(enc, [d.bos, tag] + tokens)
-        text, top, log_mass = _text_logprobs(logits[1:-1], d.text_vocab)  # row i predicts tokens[i]
-        probs = np.exp((text[np.arange(len(tokens)), tokens].astype(np.float64) - top) - log_mass)
+        rows, top, log_mass = _text_logprobs(logits[1:-1], d.text_vocab)  # row i predicts tokens[i]
+        probs = np.exp((rows[np.arange(len(tokens)), tokens].astype(np.float64) - top) - log_mass)
         return [Word.coerce(w) for w in self._word_times(pcm, len(enc), weights, tokens, probs, open_end=False)]
 
     def decode(self, audio, language: str | None = None, keywords=None, beams: int = BEAMS) -> Decoding:
@@ -295,7 +296,8 @@ class Whistle(ModelFile):
                 continue
             part = self._transcribe_long(pcm[start:end], stats["language"], biaser, beams, True, None, stats)
             offset = start / d.rate
-            words += [replace(w, start=round(w.start + offset, 3), end=round(w.end + offset, 3)) for w in part.words]
+            words += [replace(w, start=round(w.start + offset, 3), end=round(w.end + offset, 3))
+                      for w in part.words or ()]
             if progress is not None:
                 progress(span_end / d.rate, total_s)
         if progress is not None:
@@ -349,7 +351,7 @@ class Whistle(ModelFile):
         biaser = self._biaser(keywords)
         guess = _check_draft(draft, self.dims.text_vocab)
         settings = (language, tuple(parse_keywords(keywords)), beams, bool(open_end), prefix)
-        if memo is not None and memo.hears(pcm) and memo.settings == settings:
+        if memo is not None and memo.reading is not None and memo.hears(pcm) and memo.settings == settings:
             return _copy_reading(memo.reading)
         reading = self._read_words(pcm, language, biaser, beams, open_end, prefix, guess, memo)
         if memo is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -337,7 +337,7 @@ class StreamSession:
         if self._pause_at is not None and self._pause_at <= self._buffer_start:
             self._pause_at = None  # its audio is gone (a forced trim): nothing left to read again
         waiting = self._pause_at is not None
-        if waiting:
+        if self._pause_at is not None:
             # The previous pass found the utterance's end but its reading was not yet confirmed:
             # this pass reads it again, up to the middle of the same pause as it stands now.
             stored = self._pause_at - self._buffer_start
@@ -352,7 +352,7 @@ class StreamSession:
             # Every frame the pass would hear is pause_db under the stream's last speech: silence,
             # however the silence gate (§8, relative to the clip itself) judges a faint tail.
             # Decoded, the faint end of a synthesised sentence became "Skip to the twentieth song."
-            result = {"speech": False, "language": "", "words": []}
+            result: dict[str, Any] = {"speech": False, "language": "", "words": []}
             gap = None
         else:
             interim = gap is None and not closing
@@ -478,7 +478,7 @@ class StreamSession:
         if pending and self._committed_words:
             pending = " " + pending
         return StreamUpdate(text=text, words=tuple(w.rounded() for w in words), pending=pending,
-                            language=self.language, received=round(received / self.rate, 6),
+                            language=self.language or "", received=round(received / self.rate, 6),
                             pass_ms=round(out["pass_ms"], 3), revision=self.revision)
 
 
@@ -567,8 +567,9 @@ def _join(words: Iterable[Word]) -> str:
     return " ".join(w.word for w in words)
 
 
-def stream(model: "Whistle", chunks: Iterable, language=None, keywords=None, step_s: float = 1.0) -> Iterator[dict]:
-    """Generator form: one dict per chunk, then the dict of finish()."""
+def stream(model: "Whistle", chunks: Iterable, language=None, keywords=None,
+           step_s: float = 1.0) -> Iterator[StreamUpdate]:
+    """Generator form: one StreamUpdate per chunk, then finish()'s."""
     session = StreamSession(model, language=language, keywords=keywords, step_s=step_s)
     for chunk in chunks:
         yield session.feed(chunk)
