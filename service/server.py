@@ -73,7 +73,7 @@ def load_engine(config: ServiceConfig, initializer=None, initargs: tuple = ()):
     """The engine the settings ask for: the model in this process, or served by worker processes
     (each calls initializer(*initargs) first: `workers.ProcessEngine`)."""
     if config.processes > 1:
-        from whistle_stream.workers import ProcessEngine
+        from .workers import ProcessEngine
         return ProcessEngine(config.model, processes=config.processes, initializer=initializer, initargs=initargs)
     from whistle_stream import Whistle
     return Whistle(config.model)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from whistle_stream import Whistle
-from whistle_stream.workers import ProcessEngine, WorkerDied
+from whistle_stream.service.workers import ProcessEngine, WorkerDied
 
 pytestmark = pytest.mark.slow
 
@@ -163,7 +163,7 @@ def test_workers_exit_when_their_server_is_killed(tmp_path):
     import time
 
     import psutil
-    script = ("from whistle_stream.workers import ProcessEngine\n"
+    script = ("from whistle_stream.service.workers import ProcessEngine\n"
               "e = ProcessEngine(processes=2)\n"
               "e.open_stream()\n"
               "print(' '.join(str(w.process.pid) for w in e.workers), flush=True)\n"

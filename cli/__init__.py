@@ -18,13 +18,14 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 from importlib import metadata
 from pathlib import Path
 
-from . import models
-from .errors import WhistleError
-from .frontend import FILE_FORMATS
-from .rules import READ_BY
+from whistle_stream import models
+from whistle_stream.errors import WhistleError
+from whistle_stream.frontend import FILE_FORMATS
+from whistle_stream.rules import READ_BY
 
 PROG = "whistle-stream"
 FORMATS = ("txt", "json", "srt", "vtt")
@@ -105,7 +106,7 @@ def _positive_int(text: str) -> int:
 
 def describe(path: str | Path | None) -> dict:
     """Everything `info` prints, as a JSON-ready dict."""
-    from .container import CactFile
+    from whistle_stream.container import CactFile
 
     resolved = models.resolve_model(path)
     sha = models.sha256_of(resolved.path)
@@ -163,8 +164,8 @@ def _print_info(info: dict) -> None:
 
 def _transcribe(args: argparse.Namespace) -> None:
     """Transcribe every file in turn; print or write each result in the chosen format."""
-    from . import Whistle
-    from .errors import AudioError
+    from whistle_stream import Whistle
+    from whistle_stream.errors import AudioError
 
     fmt = "json" if args.json else args.format
     files = [Path(f) for f in args.files]
@@ -177,7 +178,7 @@ def _transcribe(args: argparse.Namespace) -> None:
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     if args.threads is not None:
-        from .kernels import set_threads
+        from whistle_stream.kernels import set_threads
 
         set_threads(args.threads)
     model = Whistle(models.resolve_model(args.model).path)
@@ -204,7 +205,7 @@ def _transcribe(args: argparse.Namespace) -> None:
 
 def render(result: dict, fmt: str, word_timestamps: bool = False) -> str:
     """A transcription result as the text of a txt, json, srt or vtt file."""
-    from .subtitles import make_cues, srt, vtt
+    from whistle_stream.subtitles import make_cues, srt, vtt
 
     if fmt == "json":
         return json.dumps(result, ensure_ascii=False, indent=1) + "\n"
@@ -221,7 +222,8 @@ class _Progress:
     """A tqdm bar over a file's audio seconds on stderr, or nothing."""
 
     def __init__(self, name: str, enabled: bool):
-        self.name, self.enabled, self.bar = name, enabled, None
+        self.name, self.enabled = name, enabled
+        self.bar: Any = None   # a tqdm bar once the engine reports progress
 
     def __enter__(self):
         return self if self.enabled else None
@@ -255,10 +257,10 @@ def _warm(args: argparse.Namespace) -> None:
     import subprocess
     import time
 
-    from .kernels import _target
+    from whistle_stream.kernels import _target
 
     if not args.all_tiers:
-        from . import Whistle
+        from whistle_stream import Whistle
 
         seconds = Whistle(args.model).warmup()
         print(f"warm: {_target.chosen() or 'host CPU'} in {seconds:.1f} s")
@@ -314,6 +316,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import allocator
-from .errors import WhistleError
-from .models import ModelFile
-from .results import StreamUpdate
+from whistle_stream import allocator
+from whistle_stream.errors import WhistleError
+from whistle_stream.models import ModelFile
+from whistle_stream.results import StreamUpdate
 
 
 class WorkerDied(WhistleError, RuntimeError):
@@ -81,7 +81,7 @@ def _raw(array: np.ndarray) -> np.ndarray:
 
 def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> None:
     """A worker's loop: (op, stream id, args, kwargs, dropped ids) in, (ok, value, passes) out."""
-    from .model import Whistle
+    from whistle_stream.model import Whistle
 
     # Ctrl-C in a terminal reaches the whole process group: the server drains its sessions then,
     # through this worker, which must go on until the server stops it (or its pipe closes).
