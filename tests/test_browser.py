@@ -84,8 +84,8 @@ def captured_audio(driver) -> tuple[np.ndarray, int]:
 def replay(model, pcm: np.ndarray, rate: int) -> tuple[str, list[dict]]:
     """The session core (what the server runs) on the captured audio, in the page's 0.1 s blocks,
     uninterrupted: the committed text and words."""
-    from service import protocol as P
-    from service.core import SessionCore
+    from whistle_stream.service import protocol as P
+    from whistle_stream.service.core import SessionCore
 
     core = SessionCore(model, P.parse_query(f"sample_rate={rate}&encoding=pcm_s16le"))
     messages = core.open()

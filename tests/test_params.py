@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from service import deepgram, openai_api, realtime
-from service import protocol as P
-from service.config import config_from_args
-from service.params import FALSE, TRUE, group, parse_bool
+from whistle_stream.service import deepgram, openai_api, realtime
+from whistle_stream.service import protocol as P
+from whistle_stream.service.config import config_from_args
+from whistle_stream.service.params import FALSE, TRUE, group, parse_bool
 
 LANGS = ("en", "de")
 
@@ -82,7 +82,7 @@ def test_the_realtime_query():
 def test_the_service_settings():
     import argparse
 
-    from service.config import add_serve_arguments
+    from whistle_stream.service.config import add_serve_arguments
 
     parser = add_serve_arguments(argparse.ArgumentParser())
     switch = next(a for a in parser._actions if a.const == "true")   # a boolean setting: --flag[=BOOL]

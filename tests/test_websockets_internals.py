@@ -16,7 +16,7 @@ from websockets import http11
 from websockets.asyncio.server import ServerConnection
 from websockets.server import ServerProtocol
 
-from service import http
+from whistle_stream.service import http
 
 ROOT = Path(__file__).resolve().parent.parent
 
