@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from whistle_stream.longform import ends_sentence, cut_point, iter_windows, transcribe_long
+from whistle_stream.longform import cut_point, ends_sentence, iter_windows, transcribe_long, utterance_spans
 
 
 def w(word, start, end):
@@ -200,3 +200,24 @@ def test_a_long_utterance_is_split_again_at_its_short_breaths():
         assert t > 2.0 or t < 0.01, b / 16000
     # a long stretch without any breath stays whole
     assert utterance_spans(_tone(9.0)) == [(0, 9 * 16000)]
+
+
+def test_the_stream_and_the_file_cut_by_one_pause_rule():
+    """rules.quiet_runs is the one measure: the stream's last pause and a file's utterance cuts
+    fall at the same sample for the same audio, and digital silence is one pause (the stream) and
+    no utterance (a file) alike."""
+    import numpy as np
+
+    from whistle_stream.rules import quiet_runs
+    from whistle_stream.streaming import last_pause
+
+    rate = 16000
+    t = np.arange(rate) / rate
+    speech = (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+    clip = np.concatenate([speech, np.zeros(rate, np.float32), speech])
+    (first, _), (second, _) = utterance_spans(clip, rate)
+    assert first == 0 and second == last_pause(clip, rate) and rate < second < 2 * rate
+    silence = np.zeros(2 * rate, np.float32)
+    q = quiet_runs(silence, rate)
+    assert q.silent and q.runs == [(0, q.frames)]
+    assert utterance_spans(silence, rate) == [] and last_pause(silence, rate) == rate

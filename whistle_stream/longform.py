@@ -14,8 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .rules import (LOUDNESS, PAUSE_S, WINDOW_S, ends_sentence, frame_levels, pause_frame, quiet, runs,
-                    speech_level)
+from .rules import LOUDNESS, PAUSE_S, WINDOW_S, ends_sentence, quiet_runs
 
 _EPS = 1e-9
 
@@ -104,21 +103,17 @@ def utterance_spans(pcm: np.ndarray, rate: int = 16000, pause_s: float = PAUSE_S
     longer than SPLIT_OVER_S is then split at its longest quiet run of SPLIT_PAUSE_S or more
     (sentences said with short breaths between them), again and again. Spans cover the clip
     without gaps; a clip without pauses is one span; digital silence is no span at all."""
-    n_samples = len(pcm)
-    frame = pause_frame(rate)
-    rms = frame_levels(pcm, rate)
-    level = speech_level(rms)
-    if n_samples == 0 or level <= 0.0:
+    q = quiet_runs(pcm, rate, drop_db)
+    if len(pcm) == 0 or q.silent:
         return []
-    head = n_samples - len(rms) * frame   # frames are aligned to the clip's end
-    inner = [(a, b) for a, b in runs(quiet(rms, level, drop_db)) if a > 0 and b < len(rms)]
-    need = max(1, int(round(pause_s * rate / frame)))
+    inner = [(a, b) for a, b in q.runs if a > 0 and b < q.frames]
+    need = max(1, q.frames_in(pause_s))
     cuts = [(a + b) // 2 for a, b in inner if b - a >= need]          # in frames
-    bounds = [0, *cuts, len(rms)]
+    bounds = [0, *cuts, q.frames]
     spans = []
     for a, b in zip(bounds, bounds[1:]):
-        spans += _split_long(a, b, inner, rate / frame)
-    out = [(head + a * frame if a else 0, head + b * frame if b < len(rms) else n_samples) for a, b in spans]
+        spans += _split_long(a, b, inner, rate / q.frame)
+    out = [(q.sample(a) if a else 0, q.sample(b) if b < q.frames else len(pcm)) for a, b in spans]
     return [(a, b) for a, b in out if b > a]
 
 

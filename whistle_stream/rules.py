@@ -88,3 +88,37 @@ def runs(mask: np.ndarray) -> list[tuple[int, int]]:
     """The [start, end) runs of True in a boolean mask, in order."""
     edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask, bool).astype(np.int8), [0]])))
     return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+
+
+@dataclass(frozen=True)
+class QuietRuns:
+    """A clip measured by the pause rule: its 20 ms frames (aligned to the clip's end) and the runs
+    of them `drop_db` under its speech level. Digital silence has no speech level: every frame is
+    quiet, and the whole clip is one run. A pause is such a run at least PAUSE_S long."""
+
+    rate: int                      # samples per second
+    head: int                      # samples before the first whole frame
+    frame: int                     # samples per frame
+    frames: int                    # whole frames
+    runs: list[tuple[int, int]]    # [start, end) quiet frame runs, in order
+    silent: bool                   # digital silence (no speech level)
+
+    def frames_in(self, seconds: float) -> int:
+        """Frames in `seconds`, rounded (the length a run needs to be a pause)."""
+        return int(round(seconds * self.rate / self.frame))
+
+    def sample(self, frame: int) -> int:
+        """The clip sample where frame index `frame` starts."""
+        return self.head + frame * self.frame
+
+
+def quiet_runs(audio: np.ndarray, rate: int, drop_db: float = LOUDNESS.pause_db) -> QuietRuns:
+    """`audio` measured by the pause rule (`QuietRuns`): the one definition of what is quiet that
+    the stream's utterance ends (`streaming.last_pause`) and a file's utterances
+    (`longform.utterance_spans`) are both cut by."""
+    frame = pause_frame(rate)
+    rms = frame_levels(audio, rate)
+    level = speech_level(rms)
+    still = quiet(rms, level, drop_db) if level > 0.0 else np.ones(len(rms), bool)
+    return QuietRuns(rate=rate, head=len(audio) - len(rms) * frame, frame=frame, frames=len(rms), runs=runs(still),
+                     silent=level <= 0.0)

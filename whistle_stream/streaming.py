@@ -23,8 +23,7 @@ import numpy as np
 from .commit import CommitPolicy
 from .results import StreamUpdate, Word
 from .longform import cut_point
-from .rules import (LOUDNESS, PAUSE_S, WINDOW_S, frame_levels, pause_frame, quiet, quiet_under, runs,
-                    speech_level)
+from .rules import LOUDNESS, PAUSE_S, WINDOW_S, frame_levels, quiet_under, quiet_runs, speech_level
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Whistle
@@ -490,20 +489,15 @@ def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PA
     speech level (the 90th percentile of its frame RMS); in digital silence the whole clip is one.
     A run still open at the clip's end counts from its start to the end. leading=False skips a run
     that starts the clip (quiet before anything was said ends no utterance)."""
-    frame = pause_frame(rate)
-    n = len(audio) // frame
-    need = int(round(pause_s * rate / frame))
-    if n < need or need < 1:
+    q = quiet_runs(audio, rate, drop_db)
+    need = q.frames_in(pause_s)
+    if q.frames < need or need < 1:
         return None
-    head = len(audio) - n * frame  # frames are aligned to the clip's end
-    rms = frame_levels(audio, rate)
-    level = speech_level(rms)
-    still = quiet(rms, level, drop_db) if level > 0.0 else np.ones(n, bool)
-    for start, end in reversed(runs(still)):  # quiet runs [start, end), newest first
-        if head + end * frame <= since:
+    for start, end in reversed(q.runs):  # newest first
+        if q.sample(end) <= since:
             return None
         if end - start >= need and (leading or start > 0):
-            return head + (start + end) * frame // 2
+            return q.head + (start + end) * q.frame // 2
     return None
 
 
