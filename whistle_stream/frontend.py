@@ -239,8 +239,8 @@ def power_blocks(pcm: np.ndarray, hop: int, win: int, fft: int, block_frames: in
         return
     half = win // 2
     window = hann_symmetric(win)
-    # numpy's float64 real FFT of an already zero-padded frame is ~3x faster than its float32
-    # path with n= padding, and more exact. Blocks of frames bound the float64 and complex
+    # numpy's float64 real FFT of an already zero-padded frame is faster than its float32 path
+    # with n= padding, and more exact. Blocks of frames bound the float64 and complex
     # temporaries (30 s at once: ~35 MB); each frame's FFT is independent of the others.
     framed = np.zeros((min(frames, FFT_BLOCK_FRAMES), fft), np.float64)
     for a in range(0, frames, block_frames):

@@ -349,8 +349,8 @@ class StreamSession:
         if self._speech_level > 0.0 and float(levels.max(initial=0.0)) <= quiet_under(self._speech_level,
                                                                                          LOUDNESS.pause_db):
             # Every frame the pass would hear is pause_db under the stream's last speech: silence,
-            # however the silence gate (§8, relative to the clip itself) judges a faint tail.
-            # Decoded, the faint end of a synthesised sentence became "Skip to the twentieth song."
+            # however the silence gate (§8, relative to the clip itself) judges a faint tail: a
+            # faint tail decoded reads as a sentence that was never said.
             result: dict[str, Any] = {"speech": False, "language": "", "words": []}
             gap = None
         else:
@@ -387,8 +387,8 @@ class StreamSession:
         elif gap is None and not unsayable:
             # Silence gate (§8): no speech yet, the buffer is a pause, but the newest step is kept:
             # a quiet lead-in (breath, room noise) that the gate passed over may be the start of the
-            # next utterance, and the model was trained on clips with 0.1-0.8 s of it. With all but
-            # 0.24 s of the buffer cut, "My appointment is on Sunday..." became "I was born on...".
+            # next utterance, and the model was trained on clips with 0.1-0.8 s of it (cut to less,
+            # the next utterance's first words are misread).
             gap = max(0, len(audio) - self.step)
         if gap is not None and self.stable_at_pause and not waiting and self._pending and result["speech"]:
             # An utterance ended at the pause, but this pass read its tail differently from the
@@ -508,15 +508,13 @@ def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_
 
     Digital silence (a muted or gated input, the gaps of a spliced recording) carries no sound, and
     the front end standardises the features over the whole clip (§3), so a run of exact zeros next
-    to noisy speech shifts every frame's features: on the demo model, "Turn on the speaker in the
-    office." read correctly alone became "The gold car is parked near the hospital." between 1.4 s
-    runs of zeros. Noisy audio (its quietest 20 ms frame within `floor_db` of the speech level) is
+    to noisy speech shifts every frame's features (a sentence read correctly alone is misread
+    between runs of zeros). Noisy audio (its quietest 20 ms frame within `floor_db` of the speech level) is
     therefore cut to its non-zero samples plus `keep_s` after them, so that a word followed by
     silence still reads as ended. Clean audio (a quietest frame further down: speech recorded or
     synthesised without a noise floor) gets `margin_s` of its zeros on each side instead: models are
-    trained on clips with silence around the speech, and cut tight the demo model doubled sentences
-    ("Lock the car." became "Lock the garage. Lock the front door."). Measured in the README's
-    streaming section.
+    trained on clips with silence around the speech, and cut tight a model doubles sentences
+    (docs/streaming.md, "Silence inside the buffer").
     """
     bounds = _sound_bounds(audio)
     if bounds is None:

@@ -1,8 +1,8 @@
 """The inner loops of the decoder's 5-row kernels, written in LLVM vector IR (Numba intrinsics).
 
 The decoder's 5-row products (beams) are most of a decoding step. Written as Numba loops, LLVM
-vectorises each 128-weight group into its own reduction: a 2-bit code became its level through a
-3-compare select chain (6 vector ops per 16 weights beside 5 multiply-adds), and every group ended
+vectorises each 128-weight group into its own reduction: a 2-bit code becomes its level through a
+3-compare select chain (6 vector ops per 16 weights beside 5 multiply-adds), and every group ends
 in 5 horizontal sums (a third of the kernel). `_dot5` keeps five vector accumulators across the
 whole row instead (each group's partial sums are scaled by the group's norm with one vector
 multiply-add, one horizontal sum per output at the end), and turns a code into its level with one
