@@ -32,13 +32,14 @@ _CHILD = r"""
 import hashlib, json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[2] + "/benchmarks"]
 import numpy as np
-import whistle_stream.model, whistle_stream.search, whistle_stream.streaming   # this engine's, first
+import whistle_stream.search, whistle_stream.streaming   # this engine's, first
+from whistle_stream import Whistle
 from whistle_stream import kernels
 import spoken_tokens
 spoken_tokens.install(float(sys.argv[4]), scripted=True)
 spoken_tokens.shipped_vocabulary(int(sys.argv[5]))
 kernels.set_threads(1)
-model = whistle_stream.model.Whistle(sys.argv[3])
+model = Whistle(sys.argv[3])
 audio = np.load(sys.argv[6])
 for line in sys.stdin:
     passes = []

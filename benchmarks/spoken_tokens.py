@@ -27,7 +27,10 @@ from harness_model import ENGINE_ROOT, import_checkout  # this script's folder, 
 
 import_checkout(Path(os.environ.get(ENGINE_ROOT) or Path(__file__).resolve().parent.parent))
 
-from whistle_stream import model as engine_model  # noqa: E402
+try:   # the module that holds Whistle (an older checkout, compared with --engine, calls it model)
+    from whistle_stream import whistle as engine_model  # noqa: E402
+except ImportError:
+    from whistle_stream import model as engine_model  # type: ignore[no-redef]  # noqa: E402
 from whistle_stream import search  # noqa: E402
 
 RATE = 16000

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _CHILD = r"""
 import json, sys
 import numpy as np
-from whistle_stream.model import Whistle
+from whistle_stream.whistle import Whistle
 
 def peak_mb():
     for line in open("/proc/self/status"):

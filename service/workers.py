@@ -81,7 +81,7 @@ def _raw(array: np.ndarray) -> np.ndarray:
 
 def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> None:
     """A worker's loop: (op, stream id, args, kwargs, dropped ids) in, (ok, value, passes) out."""
-    from whistle_stream.model import Whistle
+    from whistle_stream.whistle import Whistle
 
     # Ctrl-C in a terminal reaches the whole process group: the server drains its sessions then,
     # through this worker, which must go on until the server stops it (or its pipe closes).

@@ -405,7 +405,7 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np
 import spoken_tokens
 spoken_tokens.install(4.0, scripted=True)
-from whistle_stream.model import Whistle
+from whistle_stream.whistle import Whistle
 audio = np.load(sys.argv[2])
 failures = []
 for _ in range(5):
@@ -446,12 +446,12 @@ def test_a_benchmark_server_of_another_checkout_imports_that_checkouts_service(t
         (tmp_path / package / "__init__.py").write_text("")
     child = ("import sys; sys.path.insert(0, sys.argv[1]); from harness_model import import_checkout; "
              "import_checkout(__import__('pathlib').Path(sys.argv[2])); "
-             "import whistle_stream.service, whistle_stream.clients, whistle_stream.model; "
-             "print(whistle_stream.service.__file__, whistle_stream.clients.__file__, whistle_stream.model.__file__)")
+             "import whistle_stream.service, whistle_stream.clients, whistle_stream.whistle; "
+             "print(whistle_stream.service.__file__, whistle_stream.clients.__file__, whistle_stream.whistle.__file__)")
     run = subprocess.run([sys.executable, "-c", child, str(root / "benchmarks"), str(tmp_path)],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path.parent)
     assert run.returncode == 0, run.stderr[-2000:]
     service, clients, engine = run.stdout.split()
     assert service == str(tmp_path / "service" / "__init__.py")
     assert clients == str(tmp_path / "clients" / "__init__.py")
-    assert engine == str(tmp_path / "whistle_stream" / "model.py")
+    assert engine == str(tmp_path / "whistle_stream" / "whistle.py")

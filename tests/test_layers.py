@@ -34,7 +34,7 @@ def test_the_contracts_are_kept():
 def test_an_upward_import_breaks_a_contract(tmp_path):
     staged = check_layers.stage(tmp_path / "tree")
     assert check_layers.lint(staged).returncode == 0
-    model = staged / "whistle_stream" / "model.py"
+    model = staged / "whistle_stream" / "whistle.py"
     model.write_text(model.read_text() + "\nfrom .service import server  # an engine module reaching up\n")
     done = check_layers.lint(staged)
     assert done.returncode != 0

@@ -20,7 +20,7 @@ def __getattr__(name):
     # Whistle pulls in the Numba kernels; import it on first use so the container, tokenizer and
     # CLI stay quick to import.
     if name == "Whistle":
-        from .model import Whistle
+        from .whistle import Whistle
 
         return Whistle
     raise AttributeError(f"module 'whistle_stream' has no attribute {name!r}")

@@ -26,7 +26,7 @@ from .longform import cut_point
 from .rules import LOUDNESS, PAUSE_S, WINDOW_S, frame_levels, quiet_under, quiet_runs, speech_level
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .model import Whistle
+    from .whistle import Whistle
 
 MAX_BUFFER_S = WINDOW_S  # one pass covers at most one window
 MIN_STEP_S, MAX_STEP_S = 0.1, 10.0  # the pass step a stream accepts (the service's range too)

@@ -351,7 +351,8 @@ class Whistle(ModelFile):
         biaser = self._biaser(keywords)
         guess = _check_draft(draft, self.dims.text_vocab)
         settings = (language, tuple(parse_keywords(keywords)), beams, bool(open_end), prefix)
-        if memo is not None and memo.reading is not None and memo.hears(pcm) and memo.settings == settings:
+        # hears() first: it also records the samples a later pass is compared with
+        if memo is not None and memo.hears(pcm) and memo.settings == settings and memo.reading is not None:
             return _copy_reading(memo.reading)
         reading = self._read_words(pcm, language, biaser, beams, open_end, prefix, guess, memo)
         if memo is not None:
