@@ -113,8 +113,6 @@ LIVE_SLACK_S = 0.5
 # ---------------------------------------------------------------------------------------------
 # Settings and work items
 
-
-
 @dataclass(frozen=True)
 class SessionLimits:
     """The per-session part of the service settings (`server.limits_of(ServiceConfig)`); each
@@ -268,8 +266,8 @@ class SessionCore:
 
     def _new_path(self) -> AudioPath:
         c, lim = self.config, self.limits
-        return AudioPath(c.sample_rate, rate=self.rate, step_s=lim.step_s, vad=c.vad, aggressiveness=lim.vad_aggressiveness,
-                         end_of_speech_ms=lim.end_of_speech_ms)
+        return AudioPath(c.sample_rate, rate=self.rate, step_s=lim.step_s, vad=c.vad,
+                         aggressiveness=lim.vad_aggressiveness, end_of_speech_ms=lim.end_of_speech_ms)
 
     # -- resume ------------------------------------------------------------------------------
     def _token_state(self, path: dict, compact: bool = False) -> dict:
