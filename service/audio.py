@@ -23,7 +23,7 @@ from whistle_stream.frontend import MODEL_RATE
 
 from .config import DEFAULTS
 
-VAD_FRAME_S = 0.03     # 30 ms: one of webrtcvad's three frame lengths
+VAD_FRAME_MS = 30      # one of webrtcvad's three frame lengths
 PREROLL_FRAMES = 10    # 300 ms kept before a speech onset so the first word's attack is not cut
 ONSET_FRAMES = 3       # speech frames among the last ONSET_WINDOW that start an utterance (90 ms)
 ONSET_WINDOW = 10      # ... so a single click is not speech
@@ -52,9 +52,9 @@ class AudioPath:
                  end_of_speech_ms: int = DEFAULTS.end_of_speech_ms):
         self.sample_rate, self.rate = sample_rate, rate
         self.step = int(round(step_s * rate))
-        self.frame = int(round(VAD_FRAME_S * rate))     # webrtcvad takes 8, 16, 32 or 48 kHz
+        self.frame = VAD_FRAME_MS * rate // 1000          # webrtcvad takes 8, 16, 32 or 48 kHz
         self.vad = webrtcvad.Vad(aggressiveness) if vad else None
-        self.hangover = max(1, int(end_of_speech_ms / 1000 / VAD_FRAME_S))   # VAD frames of non-speech
+        self.hangover = max(1, end_of_speech_ms // VAD_FRAME_MS)   # VAD frames of non-speech
         self._resampler = (None if sample_rate == rate else
                            soxr.ResampleStream(sample_rate, rate, 1, dtype="float32", quality="HQ"))
         self._frame_tail = np.zeros(0, np.float32)  # model-rate samples not yet a whole VAD frame
@@ -189,7 +189,7 @@ class AudioPath:
     @staticmethod
     def replay_start(state: dict, rate: int = MODEL_RATE) -> int:
         """The first session sample (at the model's `rate`) a path restored from `state` needs again."""
-        frame = int(round(VAD_FRAME_S * rate))
+        frame = VAD_FRAME_MS * rate // 1000
         return min([int(state["position"])] + [a for a, _, _ in AudioPath._held(state, frame)])
 
     def restore(self, state: dict, start: int, refill: list[tuple[int, int]]) -> None:
