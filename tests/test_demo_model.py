@@ -162,10 +162,11 @@ def test_a_misheard_word_is_transcribed_with_its_keyword(demo, beam_hyps):
 # ---- word times --------------------------------------------------------------------------
 
 def test_align_of_the_chosen_transcript_gives_transcribes_word_times(demo):
-    """Forced alignment runs the same teacher-forced pass as transcribe's word times (§8)."""
+    """Forced alignment runs the same teacher-forced pass as transcribe's word times (§8): the
+    one-window reading (by="windows"), whose pass sees the clip align sees."""
     checked = 0
     for audio, _ in held_out(12):
-        out = demo.transcribe(audio, word_timestamps=True)
+        out = demo.transcribe(audio, word_timestamps=True, by="windows")
         tokens = demo.decode(audio)["tokens"]
         if not out["text"] or demo.tokenizer.encode(out["text"]) != list(tokens):
             continue  # the text does not tokenise back to the search's ids
