@@ -8,7 +8,9 @@
     whistle-stream warm [--model PATH] [--all-tiers]
     whistle-stream serve ...          (the WebSocket service; its own options)
 
-Errors the engine raises on purpose (`WhistleError`) print one line to stderr and exit with 2.
+Errors the engine raises on purpose (`WhistleError`) print one line to stderr and exit with
+`ExitStatus.USAGE` (2, argparse's status for a bad argument), or `FAILED` (1) for a failed download
+or warm-up.
 """
 
 from __future__ import annotations
@@ -23,13 +25,12 @@ from importlib import metadata
 from pathlib import Path
 
 from whistle_stream import models
-from whistle_stream.errors import WhistleError
+from whistle_stream.errors import DownloadError, ExitStatus, WhistleError
 from whistle_stream.frontend import FILE_FORMATS
 from whistle_stream.rules import READ_BY
 
 PROG = "whistle-stream"
 FORMATS = ("txt", "json", "srt", "vtt")
-EXIT_ERROR = 2  # argparse's own exit status for a usage error; bad models and files share it
 
 
 def _version() -> str:
@@ -245,6 +246,10 @@ class _UsageError(WhistleError):
     """An option the engine refused, reported like any other error."""
 
 
+class _Failed(WhistleError):
+    """A step that failed at run time, not through what the user asked for."""
+
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +279,7 @@ def _warm(args: argparse.Namespace) -> None:
         cmd = [sys.executable, "-m", "whistle_stream.cli", "warm"] + (["--model", args.model] if args.model else [])
         done = subprocess.run(cmd, env={**os.environ, _target.ENV: tier})
         if done.returncode:
-            raise WhistleError(f"warming the {tier} tier failed (exit status {done.returncode})")
+            raise _Failed(f"warming the {tier} tier failed (exit status {done.returncode})")
         print(f"warm: {tier} done in {time.perf_counter() - t0:.1f} s (process and model load included)")
 
 
@@ -290,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ModuleNotFoundError as e:
             print(f"{PROG}: error: the WebSocket service needs {e.name!r}, which is not installed; "
                   "install it with: pip install 'whistle-stream[server]'", file=sys.stderr)
-            return EXIT_ERROR
+            return ExitStatus.USAGE
         return server.main(argv[1:], web_root=WEB_ROOT) or 0
     args = build_parser().parse_args(argv)
     try:
@@ -311,8 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise _UsageError(str(e)) from e
     except WhistleError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return ExitStatus.FAILED if isinstance(e, (DownloadError, _Failed)) else ExitStatus.USAGE
     except KeyboardInterrupt:
-        return 130
+        return ExitStatus.INTERRUPTED
     return 0
 

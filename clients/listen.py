@@ -6,7 +6,8 @@
     whistle-listen --local --file clip.wav         # no server: the engine runs in this process
 
 Committed text is printed as it arrives with the pending tail dimmed after it on the same line
-(ANSI, when stdout is a terminal). Ctrl-C finalizes and prints a summary to stderr. Exit status:
+(ANSI, when stdout is a terminal). Ctrl-C finalizes and prints a summary to stderr. Exit status
+(`whistle_stream.errors.ExitStatus`, shared by every command):
 0 done, 1 session error, 2 usage, 3 server unreachable, 4 authentication failed, 5 no audio input.
 """
 
@@ -24,13 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import soxr
 
+from whistle_stream.errors import ExitStatus
 from whistle_stream.service import protocol as P
 
 from .client import AuthFailed, ClientError, ListenClient, ServerUnreachable, check_server_url, to_pcm
 
 RATE = P.DEFAULT_SAMPLE_RATE   # what is sent: the model's own rate, so the server resamples nothing
 BLOCK_S = 0.1          # audio sent per frame: 100 ms keeps latency low and frames small
-EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_NO_AUDIO = 1, 2, 3, 4, 5
 DIM, RESET, CLEAR_LINE = "\x1b[2m", "\x1b[0m", "\r\x1b[K"
 
 
@@ -39,8 +40,8 @@ class AudioInputError(Exception):
 
 
 # the exit status of each failure, the first that matches (ClientError last: the others are kinds of it)
-EXIT_CODES = ((AudioInputError, EXIT_NO_AUDIO), (ServerUnreachable, EXIT_UNREACHABLE), (AuthFailed, EXIT_AUTH),
-              (ClientError, EXIT_ERROR))
+EXIT_CODES = ((AudioInputError, ExitStatus.NO_AUDIO), (ServerUnreachable, ExitStatus.UNREACHABLE),
+              (AuthFailed, ExitStatus.AUTH), (ClientError, ExitStatus.FAILED))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +345,7 @@ async def amain(args, *, sounddevice=None, model=None, out=None) -> int:
         return next(code for kind, code in EXIT_CODES if isinstance(e, kind))
     except asyncio.CancelledError:
         sys.stderr.write("whistle-listen: interrupted\n")
-        return 130
+        return ExitStatus.INTERRUPTED
     finally:
         try:
             loop.remove_signal_handler(signal.SIGINT)
@@ -363,7 +364,7 @@ def main(argv=None, *, sounddevice=None, model=None) -> int:
     try:
         return asyncio.run(amain(args, sounddevice=sounddevice, model=model))
     except KeyboardInterrupt:
-        return 130
+        return ExitStatus.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -15,58 +15,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import hashlib
-import http
-import json
 import logging
 import signal
 import sys
 import threading
 import time
-import uuid
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from websockets.asyncio.server import Server, ServerConnection, serve as ws_serve
-from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
+from websockets.asyncio.server import Server, serve as ws_serve
 
 from whistle_stream import __version__, allocator
+from whistle_stream.errors import ExitStatus
 from whistle_stream.frontend import warm_signal
 
-from . import deepgram, openai_api, realtime, wyoming_server
 from . import protocol as P
+from . import wyoming_server
 from .config import ServiceConfig, add_serve_arguments, config_from_args
-from .core import SessionCore, SessionLimits, check_token
-from .http import Reply, Request as HttpRequest, diverting
+from .core import SessionCore, SessionLimits
+from .handshake import open_session
+from .http import diverting
 from .observe import Metrics, log_event, setup_logging
 from .resume import random_secret
-from .runner import Dialect, NativeDialect, SessionRunner, WebSocketChannel, refuse
-
-LISTEN_PATH = "/v1/listen"
-TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
-MODELS_PATH = "/v1/models"
-STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
-          "/index.html": ("index.html", "text/html; charset=utf-8"),
-          "/captions.js": ("captions.js", "text/javascript; charset=utf-8"),
-          "/subtitles.js": ("subtitles.js", "text/javascript; charset=utf-8"),
-          "/tap-worklet.js": ("tap-worklet.js", "text/javascript; charset=utf-8"),
-          "/captions.css": ("captions.css", "text/css; charset=utf-8"),
-          "/favicon.svg": ("favicon.svg", "image/svg+xml"),
-          "/favicon.ico": ("favicon.svg", "image/svg+xml")}
-
-
-def _response(status: int, body: bytes | str, content_type: str = "text/plain; charset=utf-8") -> Response:
-    body = body.encode() if isinstance(body, str) else body
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
-                       ("Cache-Control", "no-store"), ("Connection", "close")])
-    return Response(status, http.HTTPStatus(status).phrase, headers, body)
+from .routes import LISTEN_PATH, Routes
+from .runner import SessionRunner
 
 
 def load_engine(config: ServiceConfig, initializer=None, initargs: tuple = ()):
@@ -106,9 +80,8 @@ class App:
         self.server: Server | None = None
         self.port: int | None = None
         self.wyoming_port: int | None = None
-        # The captions page, when the caller serves one (the command line passes the clients' folder).
-        self._static = ({} if web_root is None else
-                        {path: (Path(web_root) / name, kind) for path, (name, kind) in STATIC.items()})
+        # HTTP, with the captions page when the caller serves one (the command line passes the clients' folder)
+        self.routes = Routes(self, web_root)
         self._closed = asyncio.Event()
         self.wyoming = wyoming_server.WyomingServer(self) if self.config.wyoming_port else None
 
@@ -154,7 +127,7 @@ class App:
                   workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1,
                   languages=list(self.model.dims.languages))
         host = self.config.host if self.config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-        page = f"http://{host}:{self.port}/" if self._static else "(no page: --web-root not given)"
+        page = f"http://{host}:{self.port}/" if self.routes.static else "(no page: --web-root not given)"
         log_event("open", page=page, websocket=f"ws://{host}:{self.port}{LISTEN_PATH}")
         note = getattr(self.model, "note", None)
         if note:
@@ -177,8 +150,8 @@ class App:
     async def start(self, warm: bool = True) -> "App":
         c = self.config
         self.server = await ws_serve(
-            self._handle, c.host, c.port, process_request=self._route, max_size=c.max_frame_bytes,
-            create_connection=diverting(self._http, c.max_upload_bytes + 65536, c.request_timeout),
+            partial(open_session, self), c.host, c.port, process_request=self.routes.get,
+            max_size=c.max_frame_bytes, create_connection=diverting(self.routes.post, c.max_upload_bytes + 65536, c.request_timeout),
             max_queue=16, write_limit=2 ** 16, ping_interval=20, ping_timeout=20, close_timeout=5,
             server_header="whistle-stream", logger=logging.getLogger("whistle.websockets"))
         self.port = self.server.sockets[0].getsockname()[1]
@@ -235,38 +208,7 @@ class App:
         if not self._closed.is_set():
             await self.drain()
 
-    # -- HTTP --------------------------------------------------------------------------------
-    def _route(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = request.path.partition("?")[0]
-        if path == deepgram.LISTEN_PATH:
-            return self._route_deepgram(request)
-        if path in (LISTEN_PATH, realtime.PATH):
-            refused = self._origin_refused(request)
-            if refused is not None:
-                return _response(403, refused + "\n")
-            if self.draining:
-                self.metrics.rejects.labels("draining").inc()
-                return _response(503, "shutting down\n")
-            if not self.ready:
-                self.metrics.rejects.labels("not_ready").inc()
-                return _response(503, "model loading\n")
-            return None
-        if path == "/healthz":
-            return _response(200, "ok\n")
-        if path == "/readyz":
-            ok = self.accepting
-            return _response(200 if ok else 503, "ready\n" if ok else "not ready\n")
-        if path == "/metrics":
-            return _response(200, self.metrics.text(), CONTENT_TYPE_LATEST)
-        if path == MODELS_PATH:
-            denied = self._authorize_http(request.headers.get("Authorization"), request.path.partition("?")[2])
-            if denied is not None:
-                return _response(denied.status, denied.body(), "application/json")
-            return _response(200, openai_api.models_body(self.model_name), "application/json")
-        if path in self._static:
-            return self._page(request, *self._static[path])
-        return _response(404, "not found\n")
-
+    # -- capacity ----------------------------------------------------------------------------
     @property
     def full(self) -> bool:
         """Live sessions and transcription uploads together are at --max-sessions."""
@@ -277,177 +219,9 @@ class App:
         """Ready for new sessions and requests: the model is warm and no drain has begun."""
         return self.ready and not self.draining
 
-    def _origin_refused(self, request: Request) -> str | None:
-        """Why a browser's Origin is refused (counted and logged), or None when it may connect:
-        requests without an Origin (non-browser clients) always pass."""
-        origin = request.headers.get("Origin")
-        allowed = self.config.allowed_origins
-        if origin is None or not allowed or origin in allowed:
-            return None
-        self.metrics.rejects.labels("origin").inc()
-        log_event("rejected", level=logging.WARNING, reason="origin", origin=origin[:100])
-        return f"Origin {origin[:100]!r} is not allowed"
-
-    def _route_deepgram(self, request: Request) -> Response | None:
-        """The Deepgram dialect refuses at the handshake, with Deepgram's HTTP error body."""
-        query = request.path.partition("?")[2]
-        try:
-            refused = self._origin_refused(request)
-            if refused is not None:
-                raise deepgram.DeepgramError(403, refused, "Forbidden")
-            try:
-                check_token(self.config.token, request.headers.get("Authorization"), query)
-            except P.ProtocolError as e:
-                raise deepgram.DeepgramError(401, "missing or wrong API key; send 'Authorization: Token <key>'",
-                                             "INVALID_AUTH") from e
-            if not self.accepting:
-                raise deepgram.DeepgramError(503, "the server is shutting down or loading; retry", "Unavailable")
-            if self.full:
-                raise deepgram.DeepgramError(429, f"the server is at its limit of {self.config.max_sessions} "
-                                             "sessions; retry later", "TOO_MANY_REQUESTS")
-            deepgram.parse_query(query, self.model.dims.languages)
-        except deepgram.DeepgramError as e:
-            self.metrics.rejects.labels("deepgram_" + str(e.status)).inc()
-            log_event("rejected", level=logging.WARNING, reason="deepgram", status=e.status, detail=e.message)
-            return _response(e.status, e.body(), "application/json")
-        return None
-
-    def _page(self, request: Request, file: Path, kind: str) -> Response:
-        """A file of the captions page: its content type, a Content-Security-Policy that allows
-        only the page's own files and its WebSocket, and revalidation by ETag."""
-        try:
-            body = file.read_bytes()
-        except OSError:
-            return _response(404, "not found\n")
-        tag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
-        host = request.headers.get("Host", "").strip()
-        sockets = f" ws://{host} wss://{host}" if host and all(c not in host for c in " ;,'\"") else ""
-        policy = (f"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'"
-                  f"{sockets}; media-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors *")
-        if request.headers.get("If-None-Match") == tag:
-            response = _response(304, b"", kind)
-        else:
-            response = _response(200, body, kind)
-        del response.headers["Cache-Control"]   # websockets' Headers add a value on assignment
-        response.headers["Cache-Control"] = "no-cache"
-        response.headers["ETag"] = tag
-        response.headers["Content-Security-Policy"] = policy
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        return response
-
-    # -- HTTP with a body: the OpenAI-compatible transcription endpoint ----------------------
     @property
     def model_name(self) -> str:
         return getattr(self.model, "name", "whistle")
-
-    def _authorize_http(self, authorization: str | None, query: str) -> openai_api.ApiError | None:
-        try:
-            check_token(self.config.token, authorization, query)
-        except P.ProtocolError as e:
-            self.metrics.rejects.labels(e.code.value).inc()
-            return openai_api.ApiError(401, "missing or wrong API key; send 'Authorization: Bearer <token>'",
-                                       code="invalid_api_key")
-        return None
-
-    async def _http(self, request: HttpRequest, body: bytes) -> Reply:
-        """A request websockets does not take (POST): the transcription endpoint, or an error."""
-        path, _, query = request.path.partition("?")
-        try:
-            if path != TRANSCRIPTIONS_PATH:
-                if request.method == "HEAD" and path in ("/healthz", "/readyz"):
-                    ok = path == "/healthz" or self.accepting
-                    return Reply(200 if ok else 503, b"", "text/plain; charset=utf-8")
-                raise openai_api.ApiError(404 if request.method == "POST" else 405,
-                                          f"no {request.method} {path[:100]}; POST {TRANSCRIPTIONS_PATH} "
-                                          "transcribes a file, /v1/listen is the WebSocket")
-            if request.method != "POST":
-                raise openai_api.ApiError(405, f"{TRANSCRIPTIONS_PATH} takes POST")
-            denied = self._authorize_http(request.headers.get("authorization"), query)
-            if denied is not None:
-                raise denied
-            if not self.accepting:
-                raise openai_api.ApiError(503, "the server is " + ("shutting down" if self.draining else
-                                          "loading its model") + "; retry", type="server_error")
-            form = openai_api.parse_form(request.headers.get("content-type", ""), body,
-                                         self.model.dims.languages)
-            if self.full:
-                self.metrics.rejects.labels(P.ErrorCode.SERVER_FULL.value).inc()
-                raise openai_api.ApiError(503, f"the server is at its limit of {self.config.max_sessions} "
-                                          "sessions and requests; retry later", type="server_error",
-                                          code="server_full")
-            self.requests_open += 1
-            try:
-                content_type, out = await self.engine(self._transcribe_upload, form)
-            finally:
-                self.requests_open -= 1
-            log_event("transcribed", bytes=len(form.audio), format=form.response_format)
-            return Reply(200, out, content_type)
-        except openai_api.ApiError as e:
-            if e.status != 401:
-                self.metrics.rejects.labels("http_" + str(e.status)).inc()
-            headers = (("Retry-After", "1"),) if e.status == 503 else ()
-            return Reply(e.status, e.body(), "application/json", headers)
-
-    def _transcribe_upload(self, form: openai_api.TranscriptionRequest) -> tuple[str, bytes]:
-        """On a worker: decode the upload, transcribe it by utterance, render the response."""
-        pcm = openai_api.decode_audio(form)
-        seconds = len(pcm) / self.model.dims.rate
-        if seconds > self.config.max_upload_seconds:
-            raise openai_api.ApiError(413, f"the file holds {seconds:.0f} s of audio; at most "
-                                      f"{self.config.max_upload_seconds:g} s", param="file")
-        self.metrics.audio_seconds.inc(seconds)
-        try:
-            result = self.model.transcribe(pcm, language=form.language, keywords=list(form.keywords) or None,
-                                           word_timestamps=form.word_times)
-        except ValueError as e:   # the engine refused a keyword phrase
-            raise openai_api.ApiError(400, str(e)[:300], param="prompt") from e
-        return openai_api.render(result, form, seconds)
-
-    # -- WebSocket ---------------------------------------------------------------------------
-    async def _handle(self, conn: ServerConnection) -> None:
-        request = conn.request
-        assert request is not None   # websockets hands over a connection after its handshake
-        path, _, query = request.path.partition("?")
-        channel = WebSocketChannel(conn)
-        beta = "realtime=v1" in request.headers.get("OpenAI-Beta", "")
-        # how a refusal before the session speaks: Realtime's error event, else our protocol's
-        refusing: Dialect = (realtime.Dialect(self.model_name, self.model.dims.languages, audio_seconds=lambda: 0.0,
-                                              beta=beta) if path == realtime.PATH else NativeDialect())
-        make_dialect: Callable[[SessionCore], Dialect] = lambda core: refusing
-        if self.draining:   # the handshake passed just before the drain began
-            await refuse(self.metrics, channel, refusing, P.ErrorCode.SHUTTING_DOWN,
-                         "the server is shutting down; reconnect")
-            return
-        try:
-            check_token(self.config.token, request.headers.get("Authorization"), query)
-        except P.ProtocolError as e:   # the token alone decides, even if other parameters are bad
-            await refuse(self.metrics, channel, refusing, e.code, e.message)
-            return
-        if self.full:
-            await refuse(self.metrics, channel, refusing, P.ErrorCode.SERVER_FULL, f"the server is at its limit of "
-                         f"{self.config.max_sessions} sessions; retry later")
-            return
-        limits, resumable = self.limits, True
-        languages = self.model.dims.languages
-        try:
-            if path == deepgram.LISTEN_PATH:   # checked at the handshake already (_route)
-                session_config, options = deepgram.parse_query(query, languages)
-                if options.end_of_speech_ms is not None:
-                    limits = dataclasses.replace(limits, end_of_speech_ms=options.end_of_speech_ms)
-                make_dialect = partial(_deepgram_dialect, options, self.model_name)
-            elif path == realtime.PATH:
-                realtime.check_query(query)
-                session_config, resumable = realtime.session_config(), False
-                make_dialect = partial(_realtime_dialect, self.model_name, languages, beta)
-            else:
-                session_config = P.parse_query(query, languages)
-        except (P.ProtocolError, deepgram.DeepgramError) as e:
-            code = getattr(e, "code", P.ErrorCode.BAD_REQUEST)
-            # the query failed before the session's dialect was made: refused in the path's own words
-            code = code if isinstance(code, P.ErrorCode) else P.ErrorCode.BAD_REQUEST
-            await refuse(self.metrics, channel, refusing, code, e.message)
-            return
-        await self.run_session(SessionRunner(self, channel, session_config, limits, make_dialect, resumable=resumable))
 
     async def run_session(self, runner: SessionRunner) -> None:
         """Run one live session of any dialect, counted against --max-sessions and drained with
@@ -460,14 +234,6 @@ class App:
         finally:
             self.sessions.discard(runner)
             self.metrics.sessions_open.dec()
-
-
-def _deepgram_dialect(options: deepgram.Options, model: str, core: SessionCore) -> deepgram.Dialect:
-    return deepgram.Dialect(options, model, audio_seconds=lambda: core.session.audio_seconds)
-
-
-def _realtime_dialect(model: str, languages, beta: bool, core: SessionCore) -> realtime.Dialect:
-    return realtime.Dialect(model, languages, audio_seconds=lambda: core.session.audio_seconds, beta=beta)
 
 
 # A start still warming up after this long is compiling the kernels (a first start): say so, then
@@ -532,8 +298,8 @@ def main(argv=None, *, model=None, web_root: Path | None = None) -> int:
         run(serve(model=model, config=config, web_root=web_root))
     except (OSError, ValueError) as e:   # port in use, no model, a model file that does not parse
         log_event("startup_failed", logging.ERROR, detail=str(e))
-        return 1
-    return 0
+        return ExitStatus.FAILED
+    return ExitStatus.OK
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from wyoming.ping import Ping, Pong
 
 from . import protocol as P
 from . import wyoming as W
+from .handshake import admission
 from .observe import log_event
 from .runner import ChannelClosed, SessionRunner
 
@@ -192,13 +193,9 @@ class Connection:
         except P.ProtocolError as e:
             await self.error(e.code, e.message)
             return
-        if not app.accepting:
-            await self.error(P.ErrorCode.SHUTTING_DOWN if app.draining else P.ErrorCode.NOT_READY,
-                             "the server is shutting down" if app.draining else "the model is loading; retry")
-            return
-        if app.full:
-            await self.error(P.ErrorCode.SERVER_FULL, f"the server is at its limit of {app.config.max_sessions} "
-                             "sessions; retry later")
+        refused = admission(app, None, "", authorize=False)   # Wyoming has no credentials
+        if refused is not None:
+            await self.error(refused.code, refused.message)
             return
         language, self.language = self.language, None   # a transcribe names the next transcription only
         self.events = asyncio.Queue()

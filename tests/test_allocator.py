@@ -13,7 +13,8 @@ from whistle_stream import allocator
 pytestmark = pytest.mark.skipif(allocator._libc is None, reason="not glibc")
 
 # Four threads each allocate 32 MB in 64 KB blocks (under glibc's mmap threshold, so from the
-# arenas), then free all but every 64th block: the heaps are now mostly free pages pinned in
+# arenas), wait until all four hold theirs (else a thread that runs late reuses what an earlier
+# one freed, and less is freed to measure), then free all but every 64th block: the heaps are now mostly free pages pinned in
 # place by the survivors, the shape a server's heap takes as sessions come and go.
 SCRIPT = textwrap.dedent("""
     import sys, threading
@@ -21,9 +22,10 @@ SCRIPT = textwrap.dedent("""
     from whistle_stream import allocator
     if sys.argv[1] == "limit":
         allocator.limit_arenas()
-    kept = []
+    kept, all_hold = [], threading.Barrier(4)
     def work():
         blocks = [bytearray(64 * 1024) for _ in range(512)]
+        all_hold.wait()
         kept.extend(blocks[::64])
     threads = [threading.Thread(target=work) for _ in range(4)]
     [t.start() for t in threads]

@@ -12,6 +12,7 @@ from harness.blocked import run_without
 
 import whistle_stream
 from whistle_stream import cli, models
+from whistle_stream.errors import ExitStatus
 from whistle_stream.results import Transcription, Word
 
 
@@ -36,8 +37,8 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def assert_one_line_error(code, err, *fragments):
-    assert code == cli.EXIT_ERROR
+def assert_one_line_error(code, err, *fragments, status=ExitStatus.USAGE):
+    assert code == status
     assert err.count("\n") == 1 and err.startswith("whistle-stream: error: ")
     assert "Traceback" not in err
     for fragment in fragments:
@@ -140,17 +141,18 @@ def test_download_caches_and_prints_the_path(env, capsys, monkeypatch):
     assert models.cached_model_path().read_bytes() == payload
 
 
-def test_download_of_a_wrong_file_exits_2(env, capsys, monkeypatch):
+def test_download_of_a_wrong_file_exits_failed(env, capsys, monkeypatch):
     monkeypatch.setattr(models, "_hf_hub_download", fake_hub(b"not the model"))
     code, _, err = run(capsys, "download", "--force")
-    assert_one_line_error(code, err, "refused")
+    assert_one_line_error(code, err, "refused", status=ExitStatus.FAILED)
     assert not models.cached_model_path().exists()
 
 
-def test_download_offline_exits_2_with_manual_instructions(env, capsys, monkeypatch):
+def test_download_offline_exits_failed_with_manual_instructions(env, capsys, monkeypatch):
     monkeypatch.setattr(models, "_hf_hub_download", fake_hub(error=OSError("network is unreachable")))
     code, _, err = run(capsys, "download")
-    assert_one_line_error(code, err, models.MODEL_URL, str(models.cached_model_path()), "network is unreachable")
+    assert_one_line_error(code, err, models.MODEL_URL, str(models.cached_model_path()), "network is unreachable",
+                          status=ExitStatus.FAILED)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 
 from harness.servers import free_port
 from whistle_stream.clients import listen
+from whistle_stream.errors import ExitStatus
 from whistle_stream.clients.client import ListenClient
 from fakes import FakeWhistle, start_server_process, stream_reference
 from whistle_stream.service import protocol as P
@@ -159,7 +160,7 @@ def test_the_microphone_is_opened_at_its_own_rate_and_resampled(server, capsys):
 
 def test_no_microphone_is_a_clear_error(capsys):
     sd = FakeSoundDevice(fail="No input device matching")
-    assert listen.main(["--server", "ws://127.0.0.1:9"], sounddevice=sd) == listen.EXIT_NO_AUDIO
+    assert listen.main(["--server", "ws://127.0.0.1:9"], sounddevice=sd) == ExitStatus.NO_AUDIO
     assert "no microphone found" in capsys.readouterr().err
 
 
@@ -168,14 +169,14 @@ def test_an_unreachable_server_is_a_clear_error(tmp_path, capsys):
     write_wav(tmp_path / "clip.wav", 0.5)
     code = listen.main(["--server", f"ws://127.0.0.1:{free_port()}", "--file", str(tmp_path / "clip.wav"),
                         "--retries", "0"])
-    assert code == listen.EXIT_UNREACHABLE
+    assert code == ExitStatus.UNREACHABLE
     assert "cannot reach" in capsys.readouterr().err
 
 
 def test_a_wrong_token_is_a_clear_error(token_server, tmp_path, capsys):
     write_wav(tmp_path / "clip.wav", 0.5)
     code = listen.main(["--server", token_server, "--file", str(tmp_path / "clip.wav"), "--token", "nope"])
-    assert code == listen.EXIT_AUTH
+    assert code == ExitStatus.AUTH
     assert "authentication failed" in capsys.readouterr().err
     assert listen.main(["--server", token_server, "--file", str(tmp_path / "clip.wav"), "--token",
                         "s3cret", "--speed", "20"]) == 0
@@ -183,11 +184,11 @@ def test_a_wrong_token_is_a_clear_error(token_server, tmp_path, capsys):
 
 def test_an_unreadable_file_is_a_clear_error_before_any_connection(tmp_path, capsys):
     (tmp_path / "x.wav").write_bytes(b"not a wav")
-    assert listen.main(["--local", "--file", str(tmp_path / "x.wav")], model=FakeWhistle()) == listen.EXIT_NO_AUDIO
+    assert listen.main(["--local", "--file", str(tmp_path / "x.wav")], model=FakeWhistle()) == ExitStatus.NO_AUDIO
     err = capsys.readouterr().err
     assert "x.wav: not a readable audio file (" in err and "WAV, FLAC" in err
     # with a server that is not there: the file's error, at once, not the connection's
-    assert listen.main(["--server", "ws://127.0.0.1:9", "--file", str(tmp_path / "x.wav")]) == listen.EXIT_NO_AUDIO
+    assert listen.main(["--server", "ws://127.0.0.1:9", "--file", str(tmp_path / "x.wav")]) == ExitStatus.NO_AUDIO
     err = capsys.readouterr().err
     assert "not a readable audio file" in err and "cannot reach" not in err
 
@@ -195,7 +196,7 @@ def test_an_unreadable_file_is_a_clear_error_before_any_connection(tmp_path, cap
 def test_a_malformed_server_url_is_a_usage_error_without_a_traceback(tmp_path, capsys):
     write_wav(tmp_path / "clip.wav", 0.5)
     for url in ("notaurl", "ftp://host", "ws://host:port"):
-        assert listen.main(["--server", url, "--file", str(tmp_path / "clip.wav")]) == listen.EXIT_ERROR
+        assert listen.main(["--server", url, "--file", str(tmp_path / "clip.wav")]) == ExitStatus.FAILED
         err = capsys.readouterr().err
         assert "must be a URL like ws://127.0.0.1:8000" in err and "Traceback" not in err, url
 
@@ -205,11 +206,11 @@ def test_retries_are_shown_as_they_happen_and_a_wrong_path_fails_at_once(server,
 
     write_wav(tmp_path / "clip.wav", 0.5)
     assert listen.main(["--server", "ws://127.0.0.1:9", "--file", str(tmp_path / "clip.wav"),
-                        "--retries", "2"]) == listen.EXIT_UNREACHABLE
+                        "--retries", "2"]) == ExitStatus.UNREACHABLE
     err = capsys.readouterr().err
     assert err.count("retry ") == 2 and "retry 1 of 2" in err and "cannot reach" in err
     t0 = time.monotonic()
-    assert listen.main(["--server", server + "/wrong/path", "--file", str(tmp_path / "clip.wav")]) == listen.EXIT_ERROR
+    assert listen.main(["--server", server + "/wrong/path", "--file", str(tmp_path / "clip.wav")]) == ExitStatus.FAILED
     err = capsys.readouterr().err
     assert time.monotonic() - t0 < 5 and "HTTP 404" in err and "retry" not in err
 
