@@ -250,8 +250,6 @@ class _Failed(WhistleError):
     """A step that failed at run time, not through what the user asked for."""
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # warm
 

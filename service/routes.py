@@ -125,8 +125,8 @@ class Routes:
             if request.method != "POST":
                 raise openai_api.ApiError(405, f"{TRANSCRIPTIONS_PATH} takes POST")
             refused = admission(app, request.headers.get("authorization"), query)
-            if refused is not None:
-                raise _openai_refusal(app, refused)
+            if refused is not None:   # counted by its code, not its status
+                return _reply(_openai_refusal(app, refused))
             form = openai_api.parse_form(request.headers.get("content-type", ""), body, app.model.dims.languages)
             app.requests_open += 1
             try:
@@ -136,10 +136,8 @@ class Routes:
             log_event("transcribed", bytes=len(form.audio), format=form.response_format)
             return Reply(200, out, content_type)
         except openai_api.ApiError as e:
-            if e.code not in _ADMISSION_CODES:   # those are counted by their code
-                app.metrics.rejects.labels("http_" + str(e.status)).inc()
-            headers = (("Retry-After", "1"),) if e.status == 503 else ()
-            return Reply(e.status, e.body(), "application/json", headers)
+            app.metrics.rejects.labels("http_" + str(e.status)).inc()
+            return _reply(e)
 
     def _transcribe(self, form: openai_api.TranscriptionRequest) -> tuple[str, bytes]:
         """On a worker: decode the upload, transcribe it by utterance, render the response."""
@@ -158,8 +156,9 @@ class Routes:
         return openai_api.render(result, form, seconds)
 
 
-# The codes of the admission rule's refusals (_openai_refusal); other errors count by status.
-_ADMISSION_CODES = {"invalid_api_key"} | {c.value for c in P.ErrorCode}
+def _reply(error: openai_api.ApiError) -> Reply:
+    headers = (("Retry-After", "1"),) if error.status == 503 else ()
+    return Reply(error.status, error.body(), "application/json", headers)
 
 
 def _openai_refusal(app, error: P.ProtocolError) -> openai_api.ApiError:

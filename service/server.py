@@ -150,8 +150,8 @@ class App:
     async def start(self, warm: bool = True) -> "App":
         c = self.config
         self.server = await ws_serve(
-            partial(open_session, self), c.host, c.port, process_request=self.routes.get,
-            max_size=c.max_frame_bytes, create_connection=diverting(self.routes.post, c.max_upload_bytes + 65536, c.request_timeout),
+            partial(open_session, self), c.host, c.port, process_request=self.routes.get, max_size=c.max_frame_bytes,
+            create_connection=diverting(self.routes.post, c.max_upload_bytes + 65536, c.request_timeout),
             max_queue=16, write_limit=2 ** 16, ping_interval=20, ping_timeout=20, close_timeout=5,
             server_header="whistle-stream", logger=logging.getLogger("whistle.websockets"))
         self.port = self.server.sockets[0].getsockname()[1]
