@@ -10,7 +10,8 @@ import json
 import logging
 import sys
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector,
+                               generate_latest)
 
 log = logging.getLogger("whistle.service")
 
@@ -91,6 +92,10 @@ class Metrics:
                                 registry=r)
         self.sessions = Counter("whistle_sessions", "Live sessions opened, by dialect (native, deepgram, "
                                 "wyoming, realtime)", ["dialect"], registry=r)
+        # the process's memory, descriptors and CPU (process_*), and the garbage collector's runs
+        # by generation (python_gc_*), as prometheus_client's default registry would have them
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import logging
 import signal
 import sys
@@ -122,6 +123,17 @@ class App:
             # stopped during start-up: the drain closed the engine (its workers) under the warm-up
             log_event("warm_interrupted", detail=f"{type(e).__name__}: {e}"[:300])
             return
+        # Everything loaded so far (modules, the model, compiled kernels) lives as long as the
+        # process: out of the collector's sight, so that a full collection weighs only what came
+        # since and runs as often. Each closed connection leaves a reference cycle (its transport,
+        # protocol and compressors: ~30 KB, most of it zlib state); the full collections that free
+        # them otherwise wait for a quarter as many new objects as the start-up left, which an
+        # hour of sessions barely reaches. Start-up garbage is collected first (not kept forever);
+        # the collection after the freeze sets the collector's count of long-lived objects to
+        # those left in its sight, which the freeze alone leaves at the start-up's.
+        gc.collect()
+        gc.freeze()
+        gc.collect()
         self.ready = True
         log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
                   workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1,

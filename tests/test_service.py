@@ -183,6 +183,9 @@ async def test_sixteen_concurrent_sessions_all_complete_correctly():
         assert len(set(ids)) == 16
         _, _, text = await http_get(app, "/metrics")
         assert metric(text, "whistle_sessions_open") == 0
+        # the process's own families, for a dashboard beside the service's
+        assert metric(text, "process_resident_memory_bytes") > 1e6 and metric(text, "process_open_fds") > 0
+        assert 'python_gc_collections_total{generation="2"}' in text
     finally:
         await app.drain()
 
