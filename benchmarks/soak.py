@@ -34,6 +34,14 @@ SAMPLE_S = 30.0
 WARMUP_S = 300.0
 
 
+def metric(text: str, name: str) -> float:
+    """One sample's value from a /metrics scrape (name with its labels); nan when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return float("nan")
+
+
 def sample(procs: dict[str, psutil.Process]) -> dict:
     out = {}
     for name, p in procs.items():
@@ -92,12 +100,14 @@ async def soak(url: str, http: str, procs: dict[str, psutil.Process], sessions: 
         samples.append({"t": round(time.monotonic() - t0, 1), "procs": sample(procs),
                         "pass_p50": histogram_quantile(passes_before, passes_now, 0.5),
                         "pass_p95": histogram_quantile(passes_before, passes_now, 0.95),
-                        "sessions": stats["sessions"], "errors": len(stats["errors"])})
+                        "sessions": stats["sessions"], "errors": len(stats["errors"]),
+                        "full_gcs": metric(now, 'python_gc_collections_total{generation="2"}')})
         before = now
         s = samples[-1]
         print(f"{s['t']:7.0f} s  " + "  ".join(
             f"{n} {v['rss_mb']:.0f} MB {v['fds']} fds {v['threads']} thr" for n, v in s["procs"].items() if v)
-            + f"  pass p95 {1000 * (s['pass_p95'] or 0):.0f} ms  sessions {s['sessions']}  errors {s['errors']}",
+            + f"  pass p95 {1000 * (s['pass_p95'] or 0):.0f} ms  sessions {s['sessions']}  errors {s['errors']}"
+            + f"  full GCs {s['full_gcs']:.0f}",
             flush=True)
     await asyncio.gather(*loops)
     return {"samples": samples, "sessions": stats["sessions"], "errors": stats["errors"], "words": stats["words"],

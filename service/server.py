@@ -77,6 +77,7 @@ class App:
         self.sessions: set[SessionRunner] = set()
         self.requests_open = 0   # transcription uploads on the engine now
         self.ready = False
+        self.collector: asyncio.Task | None = None   # the periodic full collection (`_collect_garbage`)
         self.draining = False
         self.server: Server | None = None
         self.port: int | None = None
@@ -134,6 +135,7 @@ class App:
         gc.collect()
         gc.freeze()
         gc.collect()
+        self.collector = asyncio.get_running_loop().create_task(self._collect_garbage())
         self.ready = True
         log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
                   workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1,
@@ -180,11 +182,22 @@ class App:
             await self.warm()
         return self
 
+    async def _collect_garbage(self) -> None:
+        """A full collection every GC_INTERVAL_S: closed connections' cycles (and their zlib state)
+        are freed within a minute instead of when the collector's own counts come round (the soak
+        saw the server's memory climb 7 MB over 20 minutes between two such collections). With the
+        start-up frozen it weighs only the objects made since: a few milliseconds."""
+        while True:
+            await asyncio.sleep(GC_INTERVAL_S)
+            gc.collect()
+
     async def drain(self) -> None:
         """Stop accepting, finish every open session (committed text, final, close 1001)."""
         if self.draining:
             return
         self.draining = True
+        if self.collector is not None:
+            self.collector.cancel()
         open_ = list(self.sessions)
         log_event("draining", sessions=len(open_))
         if self.server is not None:
@@ -251,6 +264,7 @@ class App:
 # A start still warming up after this long is compiling the kernels (a first start): say so, then
 # how long it has taken every COMPILE_TICK_S.
 COMPILE_NOTICE_S = 3.0
+GC_INTERVAL_S = 60.0   # between full garbage collections once ready (`App._collect_garbage`)
 COMPILE_TICK_S = 10.0
 
 

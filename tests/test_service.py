@@ -707,3 +707,21 @@ async def test_a_stop_during_start_up_ends_the_warm_up_quietly():
     with pytest.raises(RuntimeError, match="closed under the warm-up"):   # not stopping: it is an error
         await failing.warm()
     await failing.drain()
+
+
+async def test_a_ready_server_runs_a_full_collection_every_interval_until_it_drains(monkeypatch):
+    """Closed connections' cycles (their zlib state) wait for a full collection; the server runs
+    one every GC_INTERVAL_S instead of leaving them to the collector's own counts, and stops when
+    it drains."""
+    import gc
+    from whistle_stream.service import server as S
+    monkeypatch.setattr(S, "GC_INTERVAL_S", 0.05)
+    a = await start()
+    try:
+        full = gc.get_stats()[2]["collections"]
+        await asyncio.sleep(0.5)
+        assert gc.get_stats()[2]["collections"] - full >= 3
+    finally:
+        await a.drain()
+    await asyncio.sleep(0)
+    assert a.collector.done()
