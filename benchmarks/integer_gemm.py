@@ -1,6 +1,6 @@
-"""Integer products on AVX-512 VNNI: a probe of what issue 49's integer path could gain.
+"""Integer products on AVX-512 VNNI: a probe of what an integer path for the encoder could gain.
 
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python benchmarks/integer_gemm.py   # a CPU with avx512vnni
+    python benchmarks/integer_gemm.py          # a CPU with avx512vnni
 
 The encoder's products take int8 activations (the reference's rule) and 2- or 4-bit weight codes
 whose groups are Hadamard-rotated. Rotating an int8 row's 128-groups without the 1/sqrt(128)
@@ -122,6 +122,8 @@ def main() -> int:
     if not llvm_binding.get_host_cpu_features().get("avx512vnni"):
         print("this CPU has no AVX-512 VNNI (avx512vnni): nothing to measure")
         return 0
+    from whistle_stream import kernels
+    kernels.set_blas_threads(1)   # one thread on each side
     gemm_i16 = make_gemm(4, 3)
     rng = np.random.default_rng(0)
     for (M, K, N) in [(376, 512, 512), (376, 512, 1120), (376, 512, 1024), (376, 1280, 512)]:

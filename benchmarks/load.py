@@ -103,6 +103,14 @@ def scrape(http_url: str) -> str:
         return r.read().decode()
 
 
+def metric(text: str, name: str) -> float:
+    """One sample's value from a /metrics scrape (name with its labels); nan when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return float("nan")
+
+
 def histogram(text: str, name: str) -> dict[float, float]:
     out = {}
     for le, value in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} ([0-9.e+-]+)$', text, re.M):

@@ -28,18 +28,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
-from load import demo_sentences, histogram, histogram_quantile, one_stream, scrape  # noqa: E402
+from load import demo_sentences, histogram, histogram_quantile, metric, one_stream, scrape  # noqa: E402
 
 SAMPLE_S = 30.0
 WARMUP_S = 300.0
-
-
-def metric(text: str, name: str) -> float:
-    """One sample's value from a /metrics scrape (name with its labels); nan when absent."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return float("nan")
 
 
 def sample(procs: dict[str, psutil.Process]) -> dict:

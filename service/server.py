@@ -128,10 +128,10 @@ class App:
         # process: out of the collector's sight, so that a full collection weighs only what came
         # since and runs as often. Each closed connection leaves a reference cycle (its transport,
         # protocol and compressors: ~30 KB, most of it zlib state); the full collections that free
-        # them otherwise wait for a quarter as many new objects as the start-up left, which an
-        # hour of sessions barely reaches. Start-up garbage is collected first (not kept forever);
-        # the collection after the freeze sets the collector's count of long-lived objects to
-        # those left in its sight, which the freeze alone leaves at the start-up's.
+        # them otherwise wait for a quarter as many new objects as the start-up left. Start-up
+        # garbage is collected first (not kept forever); the collection after the freeze sets the
+        # collector's count of long-lived objects to those left in its sight, which the freeze
+        # alone leaves at the start-up's.
         gc.collect()
         gc.freeze()
         gc.collect()
@@ -184,8 +184,8 @@ class App:
 
     async def _collect_garbage(self) -> None:
         """A full collection every GC_INTERVAL_S: closed connections' cycles (and their zlib state)
-        are freed within a minute instead of when the collector's own counts come round (the soak
-        saw the server's memory climb 7 MB over 20 minutes between two such collections). With the
+        are freed within a minute instead of when the collector's own counts come round (tens of
+        minutes apart under steady load, megabytes of zlib state held meanwhile). With the
         start-up frozen it weighs only the objects made since: a few milliseconds."""
         while True:
             await asyncio.sleep(GC_INTERVAL_S)
@@ -264,8 +264,8 @@ class App:
 # A start still warming up after this long is compiling the kernels (a first start): say so, then
 # how long it has taken every COMPILE_TICK_S.
 COMPILE_NOTICE_S = 3.0
-GC_INTERVAL_S = 60.0   # between full garbage collections once ready (`App._collect_garbage`)
 COMPILE_TICK_S = 10.0
+GC_INTERVAL_S = 60.0   # between full garbage collections once ready (`App._collect_garbage`)
 
 
 def _say_compiling(done: threading.Event) -> None:

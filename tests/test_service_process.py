@@ -118,7 +118,6 @@ async def test_environment_variables_configure_the_process():
         assert await asyncio.get_running_loop().run_in_executor(None, proc.wait, 10) == 0
 
 
-
 _GC_SCRIPT = """
 import asyncio, collections, gc, sys
 sys.path.insert(0, "tests")
@@ -152,8 +151,8 @@ def test_closed_sessions_are_freed_by_full_collections_as_they_pile_up():
     """A closed connection leaves reference cycles (~30 KB, most of it zlib state) that, once the
     connection has lived through a few collections, only a full collection frees. A full collection
     waits for a quarter as many new long-lived objects as the process already holds, so a large
-    start-up (the real server's ~130k objects) held them back for most of an hour: the server's
-    memory crept. Once ready, the server takes the start-up out of the collector's sight, so full
+    start-up (the real server's ~130k objects) holds them back for tens of minutes while the
+    server's memory climbs. Once ready, the server takes the start-up out of the collector's sight, so full
     collections come as sessions' leftovers pile up. (In a process of its own: the test process's
     collector is not this one's.)"""
     import subprocess
