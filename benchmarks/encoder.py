@@ -4,12 +4,16 @@
     python benchmarks/encoder.py --shape tiny --repeats 10
     python benchmarks/encoder.py --model path.cact --no-reference
     python benchmarks/encoder.py --threads 2          # only the 2-thread engine (default: 1 and 2)
+    python benchmarks/encoder.py --products float     # only the float products (default: both where the CPU has the integer ones)
     python benchmarks/encoder.py --engine WORKTREE --lengths 3,10,30   # against another checkout's engine
 
 Both sides run the whole embed path (front end with level gain, stem, encoder) on the same clip,
 warm (JIT compiled, caches loaded), alternating so machine load hits both alike. Prints best and
 median wall time, their ratio, the cosine between the outputs and the peak RSS of the process
 of our engine alone (measured in a child process that never imports JAX) and of the whole run.
+On a CPU with the integer products (kernels/integer.py, AVX-512 VNNI) the engine runs both ways
+in the same run, integer and float products, each with its cosine to the reference, its times
+and the peak RSS of a child that builds only that path (WHISTLE_INTEGER=1 or 0).
 
 With --engine, this checkout's engine runs against the engine of another checkout (a git worktree
 of the previous commit, say) instead of the reference: each in its own child process that loads
@@ -21,6 +25,7 @@ difference between their outputs, and each child's peak and anonymous RSS.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import subprocess
 import sys
@@ -35,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from whistle_stream import kernels  # noqa: E402
 from whistle_stream.container import CactFile  # noqa: E402
 from whistle_stream.encoder import Encoder  # noqa: E402
+from whistle_stream.kernels import integer  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -140,6 +146,8 @@ def main() -> None:
                     help="comma-separated engine thread counts to time (kernels.set_threads); JAX uses its own")
     ap.add_argument("--engine", type=Path, help="another checkout's root: time its encoder against this one's")
     ap.add_argument("--lengths", default="3,10,30", help="with --engine: comma-separated clip lengths in seconds")
+    ap.add_argument("--products", default="integer,float",
+                    help="comma-separated product paths to time: integer (where the CPU has them), float")
     ap.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.engine:
@@ -164,18 +172,35 @@ def main() -> None:
         ref_model = build_model(args.shape)
         path = ref_model.path
 
+    products = [p for p in args.products.split(",") if p == "float" or (p == "integer" and integer.AVAILABLE)]
+    if not products:
+        ap.error(f"--products {args.products}: none of these runs here (integer needs AVX-512 VNNI)")
+
+    def use(product: str) -> None:
+        kernels.INTEGER_PRODUCTS = product == "integer"
+
     start = time.perf_counter()
+    use("integer" if "integer" in products else "float")  # the matrices built for both paths
     engine = Encoder(CactFile(path))
+    use(products[0])
     engine.embed(pcm[:16000])  # JIT / cache warm-up
-    ours = engine.embed(pcm)
     if args.rss_only:
+        engine.embed(pcm)
         print(f"{peak_rss_mb():.0f}")
         return
+    ours = {}
+    for product in products:
+        use(product)
+        engine.embed(pcm[:16000])
+        ours[product] = engine.embed(pcm)
     print(f"engine load + warm-up: {time.perf_counter() - start:.2f} s")
-    # Peak RSS of the engine alone, in a process that never imports JAX.
-    rss_engine = float(subprocess.run(
-        [sys.executable, __file__, "--model", str(path), "--seconds", str(args.seconds), "--rss-only"],
-        check=True, capture_output=True, text=True).stdout.split()[-1])
+    # Peak RSS of the engine alone, in a process that never imports JAX and builds only this path.
+    rss_engine = {}
+    for product in products:
+        env = dict(os.environ, **{integer.ENV: "1" if product == "integer" else "0"})
+        rss_engine[product] = float(subprocess.run(
+            [sys.executable, __file__, "--model", str(path), "--seconds", str(args.seconds), "--rss-only",
+             "--products", product], check=True, capture_output=True, text=True, env=env).stdout.split()[-1])
 
     run_ref = None
     if not args.no_reference:
@@ -195,40 +220,50 @@ def main() -> None:
         start = time.perf_counter()
         ref = run_ref()
         print(f"reference compile + first run: {time.perf_counter() - start:.2f} s")
-        cos = float((ours.ravel() @ ref.ravel()) / (np.linalg.norm(ours) * np.linalg.norm(ref)))
-        print(f"frames: engine {len(ours)}, reference {len(ref)}; cosine over the clip {cos:.6f}")
+        for product, out in ours.items():
+            cos = float((out.ravel() @ ref.ravel()) / (np.linalg.norm(out) * np.linalg.norm(ref)))
+            print(f"{product} products: frames: engine {len(out)}, reference {len(ref)}; cosine over the clip {cos:.6f}")
 
-    settings = [int(t) for t in args.threads.split(",")]
-    t_ours, t_ref = {t: [] for t in settings}, []
-    for threads in settings:  # compile / pool warm-up of every setting
+    settings = [(int(t), p) for t in args.threads.split(",") for p in products]
+    t_ours, t_ref = {s: [] for s in settings}, []
+    for threads, product in settings:  # compile / pool warm-up of every setting
         kernels.set_threads(threads)
+        use(product)
         engine.embed(pcm)
     for _ in range(args.repeats):  # interleaved so machine load hits every side alike
-        for threads in settings:
+        for threads, product in settings:
             kernels.set_threads(threads)
-            t_ours[threads].append(timed(lambda: engine.embed(pcm)))
+            use(product)
+            t_ours[threads, product].append(timed(lambda: engine.embed(pcm)))
         if run_ref is not None:
             t_ref.append(timed(run_ref))
 
-    kernels.set_threads(settings[0])
+    kernels.set_threads(settings[0][0])
+    use(products[0])
     feats = engine.features(pcm)
     t_front = min(timed(lambda: engine.features(pcm)) for _ in range(3))
     t_stem = min(timed(lambda: engine.stem(feats)) for _ in range(3))
 
-    print(f"audio: {len(pcm) / 16000:.2f} s, {len(ours)} encoder frames, model {path}")
-    for threads, ts in t_ours.items():
-        print(f"engine, {threads} thread{'s' if threads > 1 else ''}: best {min(ts):.3f} s, "
-              f"median {np.median(ts):.3f} s")
-    print(f"  ({settings[0]} thread{'s' if settings[0] > 1 else ''}: front end {t_front * 1e3:.0f} ms, "
-          f"stem {t_stem * 1e3:.0f} ms)")
+    def name(threads: int, product: str) -> str:
+        return f"{threads} thread{'s' if threads > 1 else ''}, {product} products"
+
+    print(f"audio: {len(pcm) / 16000:.2f} s, {len(ours[products[0]])} encoder frames, model {path}")
+    for setting, ts in t_ours.items():
+        print(f"engine, {name(*setting)}: best {min(ts):.3f} s, median {np.median(ts):.3f} s")
+    print(f"  ({name(*settings[0])}: front end {t_front * 1e3:.0f} ms, stem {t_stem * 1e3:.0f} ms)")
     if t_ref:
         print(f"reference: best {min(t_ref):.3f} s, median {np.median(t_ref):.3f} s (JAX, jitted, warm)")
-        for threads, ts in t_ours.items():
-            print(f"ratio reference / engine ({threads} thread{'s' if threads > 1 else ''}): "
-                  f"best {min(t_ref) / min(ts):.2f}x, median {np.median(t_ref) / np.median(ts):.2f}x")
-    print(f"peak RSS: engine alone {rss_engine:.0f} MB (own process, no JAX), "
-          f"this run with the reference {peak_rss_mb():.0f} MB")
-
+        for setting, ts in t_ours.items():
+            print(f"ratio engine / reference ({name(*setting)}): "
+                  f"best {min(ts) / min(t_ref):.2f}, median {np.median(ts) / np.median(t_ref):.2f}")
+    if len(products) == 2:
+        for threads in dict.fromkeys(t for t, _ in settings):
+            a, b = t_ours[threads, "integer"], t_ours[threads, "float"]
+            print(f"integer / float products ({threads} thread{'s' if threads > 1 else ''}): "
+                  f"best {min(a) / min(b):.2f}, median {np.median(a) / np.median(b):.2f}")
+    for product in products:
+        print(f"peak RSS, {product} products: engine alone {rss_engine[product]:.0f} MB (own process, no JAX)")
+    print(f"peak RSS of this run with the reference {peak_rss_mb():.0f} MB")
 
 if __name__ == "__main__":
     main()

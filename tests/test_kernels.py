@@ -25,6 +25,33 @@ def twin_fake_quant(x):
     return (np.clip(np.round(x / scale), -128, 127) * scale).astype(np.float32)
 
 
+def twin_int8_codes(x):
+    """The fake-quant's int8 codes (int64) and scales (float32) of each row."""
+    amax = np.abs(x).max(-1, keepdims=True)
+    scale = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    return np.clip(np.round(x / scale), -128, 127).astype(np.int64), scale[..., 0]
+
+
+def twin_quant_rotate(x, group, k_pad):
+    """Each row's int8 codes, zero padded to k_pad, times the +-1 Sylvester matrix per group."""
+    q, scale = twin_int8_codes(x)
+    q = np.pad(q, ((0, 0), (0, k_pad - x.shape[1])))
+    signs = np.rint(walsh_hadamard(group) * np.sqrt(group)).astype(np.int64)
+    return (q.reshape(len(q), -1, group) @ signs).reshape(len(q), k_pad), scale
+
+
+def twin_integer_gemm(a, levels, group):
+    """Integer products summed per group in int64, then the groups in order in float32, as
+    `_integer_gemm` adds them with every norm and scale 1: a (R, K_pad), levels (N, K_pad)."""
+    rows, k_pad = a.shape
+    sums = np.einsum("rgk,ngk->rng", a.reshape(rows, -1, group).astype(np.int64),
+                     levels.reshape(len(levels), -1, group).astype(np.int64))
+    out = np.zeros(sums.shape[:2], np.float32)
+    for g in range(sums.shape[2]):
+        out = out + sums[:, :, g].astype(np.float32)
+    return out, sums
+
+
 def twin_zc_rmsnorm(x, scale, eps=1e-6):
     rms = np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
     return ((1 + scale) * x / rms).astype(np.float32)
@@ -220,6 +247,128 @@ def test_cq_linear_matches_the_dequantised_matrices_stacked(bits, rows, monkeypa
     assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
     with pytest.raises(ValueError, match="input has 100 features, the matrix takes 200"):
         layer(x[:, :100])
+
+
+# ---------------------------------------------------------------- integer products (kernels/integer.py)
+
+from whistle_stream.kernels import integer as KI  # noqa: E402
+
+needs_vnni = pytest.mark.skipif(not KI.AVAILABLE, reason="this CPU has no AVX-512 VNNI: the float path only")
+
+
+@pytest.mark.parametrize("group", [128, 64, 16])
+def test_quant_rotate_rows_are_the_fake_quants_codes_rotated_exactly(group):
+    x = rand(9, 200, scale=3.0)
+    x[2] = 0.0                                   # an all-zero row: scale 1, codes 0
+    x[3, :4] = [127.0, 0.5, 1.5, -2.5]           # ties on the int8 grid: half to even
+    k_pad = -(-200 // group) * group
+    out, scales = np.full((9, k_pad), 7, np.int16), np.empty(9, np.float32)
+    K._quant_rotate_rows(x, group, out, scales)
+    want, want_scales = twin_quant_rotate(x, group, k_pad)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(scales, want_scales)
+    rotated = np.empty((9, k_pad), np.float32)   # the float path's rotation of the fake-quantised rows
+    K._fwht_rows(B.fake_quant_int8(x), group, rotated)
+    np.testing.assert_allclose(out * (scales[:, None] / np.sqrt(group)), rotated, rtol=1e-6, atol=1e-5)
+
+
+def test_vnni_codes_put_each_pair_of_inputs_of_sixteen_columns_in_one_vector():
+    for bits in (2, 4):
+        codes = np.random.default_rng(bits).integers(0, 1 << bits, (32, 256)).astype(np.uint8)
+        packed = KI.vnni_codes(codes, bits)
+        words = 2 * bits
+        assert packed.shape == (2, 128, words) and packed.dtype == np.uint16
+        for b, p, lane in [(0, 0, 0), (0, 0, 31), (1, 77, 5), (1, 127, 30), (0, 3, 17)]:
+            column, which = lane // 2, lane % 2
+            got = (int(packed[b, p, lane % words]) >> (bits * (lane // words))) & ((1 << bits) - 1)
+            assert got == codes[16 * b + column, 2 * p + which]
+
+
+def _integer_case(rng, bits, rows, columns, k_pad, group=128):
+    codes = rng.integers(0, 1 << bits, (columns, k_pad)).astype(np.uint8)
+    codes[0] = rng.integers(0, 2, k_pad)     # column 0: the extreme levels only
+    ints = rng.integers(-KI.LEVEL_LIMIT, KI.LEVEL_LIMIT + 1, 1 << bits).astype(np.int16)
+    ints[:2] = KI.LEVEL_LIMIT, -KI.LEVEL_LIMIT
+    table = np.zeros(KI.PAIR_LANES, np.int16)
+    table[:ints.size] = ints
+    ones = KI.block_norms(np.ones((columns, k_pad // group), np.float32))
+    w = KI.IntegerMatrix(KI.vnni_codes(codes, bits), table, ones, bits, group)
+    return w, ints[codes]
+
+
+@needs_vnni
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("rows, columns", [(1, 16), (7, 32), (13, 48), (8, 80), (5, 112)])  # row and block tails
+def test_integer_products_equal_their_int64_twin_exactly(bits, rows, columns):
+    """Every group's sum is exact in int32, so with norms and scales 1 the output is the twin's
+    float32 sum of the int64 group sums, bit for bit: activations anywhere in int16's rotated
+    range, levels up to LEVEL_LIMIT, and rows whose rotation lines up with a column's levels
+    (sums near the int32 bound)."""
+    rng = np.random.default_rng([bits, rows, columns])
+    k_pad = 384
+    w, levels = _integer_case(rng, bits, rows, columns, k_pad)
+    q = rng.integers(-127, 128, (rows, k_pad))
+    q[0] = 0
+    for g in range(k_pad // 128):   # row 0: codes whose rotation is column 0's levels, scaled to 127
+        aligned = levels[0, 128 * g:128 * (g + 1)] @ np.rint(walsh_hadamard(128) * np.sqrt(128))
+        q[0, 128 * g:128 * (g + 1)] = np.rint(127 * aligned / np.abs(aligned).max())
+    signs = np.rint(walsh_hadamard(128) * np.sqrt(128)).astype(np.int64)
+    a = (q.reshape(rows, -1, 128) @ signs).reshape(rows, k_pad).astype(np.int16)
+    out = np.full((rows, columns), np.nan, np.float32)
+    K._integer_gemm(a, np.ones(rows, np.float32), w, 0, columns // 16, out)
+    want, sums = twin_integer_gemm(a, levels, 128)
+    assert np.abs(sums).max() < 2**31 and np.abs(sums[0, 0]).max() > 2**29  # near the bound, inside it
+    np.testing.assert_array_equal(out, want)
+
+
+@needs_vnni
+def test_integer_products_of_some_column_blocks_write_only_those():
+    rng = np.random.default_rng(5)
+    w, levels = _integer_case(rng, 2, 6, 80, 256)
+    a, _ = twin_quant_rotate(rng.standard_normal((6, 256)).astype(np.float32), 128, 256)
+    a = a.astype(np.int16)
+    out = np.full((6, 80), np.nan, np.float32)
+    K._integer_gemm(a, np.ones(6, np.float32), w, 1, 4, out)
+    want, _ = twin_integer_gemm(a, levels, 128)
+    np.testing.assert_array_equal(out[:, 16:64], want[:, 16:64])
+    assert np.isnan(out[:, :16]).all() and np.isnan(out[:, 64:]).all()
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_cq_linear_quantised_is_the_product_of_the_fake_quantised_rows(bits, monkeypatch):
+    """`quantised` on both paths: the integer products where the CPU has them (the codebook's
+    integer levels round it by a few 1e-5 of the largest output at most), and with them off the
+    float path's fake-quant and product, bit for bit; a split over two threads changes no bit."""
+    monkeypatch.setattr(K, "INTEGER_PRODUCTS", KI.AVAILABLE)
+    rng = np.random.default_rng(bits)
+    parts = [_cq_matrix(rng, bits, n, 200) for n in (48, 16, 32)]
+    layer = B.CQLinear([p for p, _ in parts], integer=True)
+    assert (layer.integer is not None) == KI.AVAILABLE
+    x = rng.standard_normal((60, 200)).astype(np.float32)
+    want = twin_fake_quant(x).astype(np.float64) @ np.concatenate([d for _, d in parts]).T
+    got = layer.quantised(x)
+    assert got.dtype == np.float32 and got.shape == (60, 96)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    monkeypatch.setattr(K, "GEMM_SPLIT_ROWS", 8)
+    np.testing.assert_array_equal(layer.quantised(x), got)
+    monkeypatch.setattr(K, "INTEGER_PRODUCTS", False)
+    np.testing.assert_array_equal(layer.quantised(x), layer(B.fake_quant_int8(x)))
+    with pytest.raises(ValueError, match="input has 100 features, the matrix takes 200"):
+        layer.quantised(x[:, :100])
+
+
+def test_cq_linear_quantised_takes_the_float_path_where_the_integer_one_does_not_fit(monkeypatch):
+    """Outputs not a multiple of 16 columns, or a few rows (`PACKED_ROWS`): the float path."""
+    monkeypatch.setattr(K, "INTEGER_PRODUCTS", KI.AVAILABLE)
+    rng = np.random.default_rng(11)
+    odd = B.CQLinear([_cq_matrix(rng, 2, 40, 128)[0]], integer=True)
+    assert odd.integer is None
+    x = rng.standard_normal((60, 128)).astype(np.float32)
+    np.testing.assert_array_equal(odd.quantised(x), odd(B.fake_quant_int8(x)))
+    layer = B.CQLinear([_cq_matrix(rng, 2, 32, 128)[0]], integer=True)
+    few = x[:K.PACKED_ROWS]
+    np.testing.assert_array_equal(layer.quantised(few), layer(B.fake_quant_int8(few)))
 
 
 def test_cq_linear_of_a_width_it_cannot_keep_packed_is_a_dense_linear(tmp_path):

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from . import kernels as K
+from .kernels import integer as KI
 from .kernels.decoder import _packed_rows
 from .kernels.simd import PACKED_BITS, interleave
 
@@ -217,6 +218,10 @@ class Linear:
         """x (rows, in) float32 -> (rows, out) float32."""
         return _product(_f32_rows(x), self.weight, out)
 
+    def quantised(self, x: np.ndarray) -> np.ndarray:
+        """The product of fake_quant_int8(x)."""
+        return self(fake_quant_int8(x))
+
 
 def _product(x: np.ndarray, weight: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """x (rows, K) @ weight (N, K).T into out (rows, N): the row kernel for a few rows, else BLAS
@@ -285,7 +290,7 @@ class CQLinear:
     dequantised matrix to float32 rounding (the sums run in another order).
     """
 
-    def __init__(self, cqs, few_rows: bool = True):
+    def __init__(self, cqs, few_rows: bool = True, integer: bool = False):
         first = cqs[0]
         # False: BLAS at any row count (the decoder's cross-attention K and V, whose int8 codes
         # follow the products' rounding: the parity tests against the reference hold them there)
@@ -296,14 +301,16 @@ class CQLinear:
         self.bits, self.group, self.k_pad = first.bits, first.group, first.in_pad
         self.sizes = [c.shape[0] for c in cqs]
         self.shape = (sum(self.sizes), first.shape[1])
+        # integer: `quantised` is called (the encoder's products of int8 activations)
+        self.integer = integer_matrix(cqs) if integer and K.INTEGER_PRODUCTS and KI.AVAILABLE else None
 
     @classmethod
-    def from_cact(cls, cact, *names: str, few_rows: bool = True) -> "CQLinear | Linear":
+    def from_cact(cls, cact, *names: str, few_rows: bool = True, integer: bool = False) -> "CQLinear | Linear":
         """The records stacked along their outputs; a dense `Linear` of them when they are not
         all CQ of one packed width (`PACKED_BITS`), codebook, group and input size."""
         try:
             cqs = [cact.packed_cq(name) for name in names]
-            return cls(cqs, few_rows)
+            return cls(cqs, few_rows, integer)
         except (TypeError, ValueError):
             weights = [cact.array(name) for name in names]
             return Linear(weights[0] if len(weights) == 1 else np.concatenate(weights))
@@ -324,6 +331,49 @@ class CQLinear:
         K._packed_levels(self.codes, self.norms, self.levels, self.bits, self.group, w)
         return _product(xr, w, out)
 
+    def quantised(self, x: np.ndarray) -> np.ndarray:
+        """The product of fake_quant_int8(x): x (rows, in) float32 -> (rows, out) float32. Past
+        `kernels.PACKED_ROWS` rows with the integer products on (`kernels.INTEGER_PRODUCTS`, the
+        matrix built with them) the int8 codes times the integer levels, exact in int32
+        (`kernels.integer`); else the fake-quantised float rows through `__call__`."""
+        x = _f32_rows(x)
+        if self.integer is None or not K.INTEGER_PRODUCTS or x.shape[0] <= K.PACKED_ROWS:
+            return self(fake_quant_int8(x))
+        if x.shape[1] != self.shape[1]:
+            raise ValueError(f"input has {x.shape[1]} features, the matrix takes {self.shape[1]}")
+        rows = x.shape[0]
+        q = np.empty((rows, self.k_pad), np.int16)
+        scales = np.empty(rows, np.float32)
+        _split_rows(lambda a, b: K._quant_rotate_rows(x[a:b], self.group, q[a:b], scales[a:b]), rows, x.size)
+        out = np.empty((rows, self.shape[0]), np.float32)
+        blocks = self.shape[0] // KI.COLUMNS
+        if K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS:
+            run_split(lambda a, b: K._integer_gemm(q, scales, self.integer, a, b, out), blocks)
+        else:
+            K._integer_gemm(q, scales, self.integer, 0, blocks, out)
+        return out
+
+
+def integer_matrix(cqs) -> "KI.IntegerMatrix | None":
+    """Stacked CQ matrices (as `packed_levels` takes them) for the integer products, or None when
+    their shapes do not fit them (outputs of each a multiple of 16 columns, a power-of-two group
+    up to `integer.MAX_GROUP`): their level indices in `integer.vnni_codes`' layout, the codebook
+    as integers up to `integer.LEVEL_LIMIT` and the norms times its unit over sqrt(group)."""
+    first = cqs[0]
+    group = first.group
+    if (any(c.shape[0] % KI.COLUMNS for c in cqs) or group > KI.MAX_GROUP or group < 2
+            or group & (group - 1)):
+        return None
+    ints, unit = integer_levels(first.codebook, KI.LEVEL_LIMIT)
+    table = np.zeros(KI.PAIR_LANES, np.int16)
+    table[:ints.size] = ints
+    codes = np.concatenate([KI.vnni_codes(c.codes(), first.bits) for c in cqs])
+    scale = np.float32(unit / np.sqrt(group))
+    norms = KI.block_norms(np.concatenate([np.asarray(c.norms, np.float32) for c in cqs]) * scale)
+    for a in (codes, table, norms):
+        a.setflags(write=False)
+    return KI.IntegerMatrix(codes, table, norms, first.bits, group)
+
 
 def _level_unit(codebook: np.ndarray, limit: int = 32767) -> float:
     """The unit u that makes codebook / u closest to integers of magnitude <= limit.
@@ -341,9 +391,10 @@ def _level_unit(codebook: np.ndarray, limit: int = 32767) -> float:
     return float(units[np.argmin(err)])
 
 
-def integer_levels(codebook: np.ndarray) -> tuple[np.ndarray, float]:
-    """A CQ codebook as int16 level codes and their unit (codebook ~= codes * unit, `_level_unit`)."""
-    unit = _level_unit(codebook)
+def integer_levels(codebook: np.ndarray, limit: int = 32767) -> tuple[np.ndarray, float]:
+    """A CQ codebook as int16 level codes of magnitude <= limit and their unit (codebook ~= codes *
+    unit, `_level_unit`)."""
+    unit = _level_unit(codebook, limit)
     return np.rint(np.asarray(codebook, np.float64) / unit).astype(np.int16), unit
 
 

@@ -38,7 +38,7 @@ class Stem:
         self.w = np.ascontiguousarray(cact.array("stem.w"), np.float32)  # (9, C)
         self.dw = [np.ascontiguousarray(cact.array(f"stem.dw_{i}"), np.float32) for i in range(1, self.stages)]
         self.pw = [B.CQLinear.from_cact(cact, f"stem.pw_{i}") for i in range(1, self.stages)]
-        self.out = B.CQLinear.from_cact(cact, "stem.out")
+        self.out = B.CQLinear.from_cact(cact, "stem.out", integer=True)
         self.channels = self.w.shape[1]
 
     def __call__(self, feats: np.ndarray) -> np.ndarray:
@@ -86,7 +86,7 @@ class Stem:
             x = y[lo - first:hi - first]
         frames = x.shape[0]
         flat = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(frames, -1)  # channel-major: index c * mel_bands + f
-        return self.out(B.fake_quant_int8(flat))
+        return self.out.quantised(flat)
 
 
 # ---------------------------------------------------------------- encoder block
@@ -113,18 +113,17 @@ class EncoderBlock:
         # Q, K, V and the attention gate all read the same int8 input: one product.
         proj = [p + n for n in ("q_proj", "k_proj", "v_proj", "gate_proj")]
         self.splits = np.cumsum([cact.record(n).shape[0] for n in proj])[:-1]
-        self.qkvg = B.CQLinear.from_cact(cact, *proj)
-        self.out_proj = B.CQLinear.from_cact(cact, p + "out_proj")
-        self.pw1 = B.CQLinear.from_cact(cact, p + "pw1")
-        self.pw2 = B.CQLinear.from_cact(cact, p + "pw2")
+        self.qkvg = B.CQLinear.from_cact(cact, *proj, integer=True)
+        self.out_proj = B.CQLinear.from_cact(cact, p + "out_proj", integer=True)
+        self.pw1 = B.CQLinear.from_cact(cact, p + "pw1", integer=True)
+        self.pw2 = B.CQLinear.from_cact(cact, p + "pw2", integer=True)
         self.dw = np.ascontiguousarray(cact.array(p + "dw"), np.float32)  # (conv_kernel, width)
         self.mlp0 = B.HadamardMLP.from_cact(cact, p + "hadamard_mlp_0", d.width)
         self.mlp = B.HadamardMLP.from_cact(cact, p + "hadamard_mlp", d.width)
 
     def attention(self, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         t = h.shape[0]
-        a = B.fake_quant_int8(h)
-        q, k, v, g = np.split(self.qkvg(a), self.splits, axis=1)
+        q, k, v, g = np.split(self.qkvg.quantised(h), self.splits, axis=1)
         q = B.zc_rmsnorm(q.reshape(t, self.heads, self.qk_dim), self.q_norm)
         k = B.zc_rmsnorm(k.reshape(t, self.kv_heads, self.qk_dim), self.k_norm)
         q = B.fake_quant_int8(B.apply_rope(q, cos, sin))  # per-head int8 (maybe_quant_query)
@@ -133,14 +132,14 @@ class EncoderBlock:
         o = B.attend(q, k, v)  # (T, heads * v_dim), bidirectional over the clip
         B.sigmoid_inplace(g)
         o *= g
-        return self.out_proj(B.fake_quant_int8(o))
+        return self.out_proj.quantised(o)
 
     def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         n = self.norm
         x = x + np.float32(0.5) * self.mlp0(B.zc_rmsnorm(x, n["pre_hada_norm_0"]))
         h = self.attention(B.zc_rmsnorm(x, n["ZCRMSNorm_0"]), cos, sin)
         x = x + self.attn_gate * B.zc_rmsnorm(h, n["post_attn_norm"])
-        h = self.pw1(B.fake_quant_int8(B.zc_rmsnorm(x, n["conv_norm"])))  # (T, 2 * width)
+        h = self.pw1.quantised(B.zc_rmsnorm(x, n["conv_norm"]))  # (T, 2 * width)
         g = h[:, self.width:]
         B.sigmoid_inplace(g)
         g *= h[:, :self.width]  # GLU: first half times sigmoid of the second
@@ -148,7 +147,7 @@ class EncoderBlock:
         _conv_time(np.ascontiguousarray(g), self.dw, c)
         c = B.zc_rmsnorm(c, n["conv_out_norm"])
         B.silu_inplace(c)
-        x = x + self.pw2(B.fake_quant_int8(c))
+        x = x + self.pw2.quantised(c)
         return x + np.float32(0.5) * self.mlp(B.zc_rmsnorm(x, n["pre_hada_norm"]))
 
 

@@ -1,0 +1,222 @@
+"""Integer products on AVX-512 VNNI: int8 activations times CQ level codes, exact in int32 lanes.
+
+A product the reference computes as fake_quant_int8(x) @ W.T, with W's 128-groups
+(levels[idx] * norm) @ H (H the normalised Walsh-Hadamard matrix), is here, per row and group,
+
+    scale_r / sqrt(group) * sum_g norm[n, g] * unit * (q_r,g @ H') . L[idx[n, g]]
+
+with q the row's int8 codes (scale = absmax / 127, the reference's rule), H' the Hadamard matrix
+without its 1/sqrt(group) (so q @ H' are integers within +-128 * group: int16), and L the
+codebook as integers of magnitude <= LEVEL_LIMIT with their unit (codebook ~= L * unit). A
+group's sum of 128 products is then an integer inside int32 (LEVEL_LIMIT's bound), so
+vpdpwssd (int16 pairs into int32 lanes, 32 multiply-adds per instruction, twice the float32 FMA's
+rate) computes it exactly: its adds wrap, and a sum inside int32 comes out right whatever its
+partial sums did. Each group's int32 sums are scaled by their norms in float32.
+
+The weights stay packed (2 or 4 bits a code) in `vnni_codes`' layout: for a block of 16 output
+columns and a pair of inputs, the 32 codes one vpdpwssd multiplies, in 2 * bits 16-bit words.
+`_expand` turns a column block's codes into int16 levels for the whole input (a shift, a mask and
+one vpermw table lookup per 32 weights) into a scratch that stays in the L1 cache while every
+row's tile (`_tile`: MR rows x NR column blocks in registers) reads it.
+
+Only for CPUs with avx512vnni (and avx512bw's vpermw), only when the kernels compile for the
+host (`_target`), and only when asked for (WHISTLE_INTEGER=1, `ENABLED`): the float path
+(`blocks.CQLinear`) serves every other case.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import NamedTuple
+
+import llvmlite.binding as llvm_binding
+import numpy as np
+from llvmlite import ir
+from numba import config, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import simd
+
+_F32, _I16, _I32, _I64 = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+COLUMNS = 16      # output columns of a block: one int32 lane each in a 512-bit register
+PAIR_LANES = 32   # int16 lanes: the block's 16 columns x a pair of inputs
+MAX_GROUP = 128     # the largest group whose sums LEVEL_LIMIT keeps exact
+# A group's sum is at most ||q H'|| ||L|| = sqrt(G) ||q|| ||L|| <= sqrt(G) * 128 sqrt(G) * sqrt(G) Lmax
+# (Cauchy-Schwarz; H' / sqrt(G) is orthogonal): levels up to this keep it inside int32 (11585).
+LEVEL_LIMIT = int((2**31 - 1) // (128 * MAX_GROUP ** 1.5))
+MR, NR = 4, 3       # the register tile: rows x column blocks (12 int32 + 12 float32 accumulators)
+
+
+ENV = "WHISTLE_INTEGER"  # "1": the integer products where the CPU has them (off by default)
+
+
+def _available() -> bool:
+    """The host has the instructions, the kernels compile for the host and the simd path is
+    AVX-512's (WHISTLE_SIMD=avx2|generic rules the integer products out with it)."""
+    if config.CPU_NAME or config.CPU_FEATURES or simd.PATH != "avx512":
+        return False
+    have = llvm_binding.get_host_cpu_features()
+    return all(have.get(f) for f in ("avx512f", "avx512bw", "avx512vnni"))
+
+
+AVAILABLE = _available()
+# Asked for and possible. Off by default: the codebook's levels on one int16 grid are off by up to
+# ~3e-5 of the largest (4-bit), which moves the int8 roundings downstream; the bundled demo model's
+# encoder then falls to a clip cosine of 0.99987 against the reference (the float path: 0.99994).
+def _enabled() -> bool:
+    asked = os.environ.get(ENV, "").strip()
+    if asked not in ("", "0", "1"):
+        warnings.warn(f"{ENV} must be 0 or 1, got {asked!r}; the float products", RuntimeWarning, stacklevel=2)
+    elif asked == "1" and not AVAILABLE:
+        warnings.warn(f"{ENV}=1: this CPU (or WHISTLE_JIT_TARGET / WHISTLE_SIMD) has no AVX-512 VNNI path; "
+                      "the float products", RuntimeWarning, stacklevel=2)
+    return AVAILABLE and asked == "1"
+
+
+ENABLED = _enabled()
+
+
+class IntegerMatrix(NamedTuple):
+    """A CQ matrix (or several stacked along their outputs) for `_integer_gemm`."""
+    codes: np.ndarray   # level indices in `vnni_codes`' layout (N / 16, K_pad / 2, 2 * bits) uint16
+    table: np.ndarray   # (32,) int16: the integer levels (|level| <= LEVEL_LIMIT), zero padded
+    norms: np.ndarray   # (N / 16, G, 16) float32 (`block_norms`): norm x level unit / sqrt(group)
+    bits: int           # 2 or 4
+    group: int          # inputs per norm and Hadamard block, a power of two <= MAX_GROUP
+
+
+def vnni_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Level indices (N, K_pad) uint8, N a multiple of COLUMNS, as (N / 16, K_pad / 2, 2 * bits)
+    uint16: vector (b, p) holds the 32 indices of columns 16b..16b+15 at inputs 2p, 2p+1 (lane
+    i = 2 * column + input), lane i in word i % (2 * bits) at bit bits * (i // (2 * bits))."""
+    n, k_pad = codes.shape
+    words = 2 * bits
+    lanes = (np.asarray(codes, np.uint16).reshape(n // COLUMNS, COLUMNS, k_pad // 2, 2)
+             .transpose(0, 2, 1, 3).reshape(n // COLUMNS, k_pad // 2, PAIR_LANES // words, words))
+    shifts = (bits * np.arange(PAIR_LANES // words, dtype=np.uint16))[:, None]
+    return np.ascontiguousarray(np.bitwise_or.reduce(lanes << shifts, axis=2), dtype=np.uint16)
+
+
+def block_norms(norms: np.ndarray) -> np.ndarray:
+    """Per-group scales (N, G) float32 as (N / 16, G, 16): a column block's 16 scales of a group
+    in one vector."""
+    n, g = norms.shape
+    return np.ascontiguousarray(np.asarray(norms, np.float32).reshape(n // COLUMNS, COLUMNS, g).transpose(0, 2, 1))
+
+
+def _decl(builder, name, ret, args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+def _splat(builder, scalar, vec_type):
+    lanes = vec_type.count
+    one = builder.insert_element(ir.Constant(vec_type, ir.Undefined), scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vec_type, ir.Undefined),
+                                  ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+
+
+@intrinsic(prefer_literal=True)
+def _expand(typingctx, codes, table, block, slot, bits, out):
+    """out[slot] = table[indices of column block `block`], int16 (K_pad / 2, 32): codes in
+    `vnni_codes`' layout (B, K_pad / 2, 2 * bits) uint16, table (32,) int16 (the integer levels,
+    padded), out (NR, K_pad / 2, 32) int16. bits: a literal 2 or 4."""
+    if not isinstance(bits, types.IntegerLiteral):
+        return None
+    b = bits.literal_value
+    words = 2 * b
+    sig = types.none(codes, table, block, slot, bits, out)
+
+    def codegen(context, builder, signature, args):
+        c_v, t_v, blk_v, slot_v, _, o_v = args
+        C = context.make_array(signature.args[0])(context, builder, c_v)
+        T = context.make_array(signature.args[1])(context, builder, t_v)
+        O = context.make_array(signature.args[5])(context, builder, o_v)
+        v32 = ir.VectorType(_I16, PAIR_LANES)
+        vw = ir.VectorType(_I16, words)
+        perm = _decl(builder, "llvm.x86.avx512.permvar.hi.512", v32, [v32, v32])
+        pairs = cgutils.unpack_tuple(builder, C.shape, 3)[1]
+        blk = context.cast(builder, blk_v, signature.args[2], types.intp)
+        slot = context.cast(builder, slot_v, signature.args[3], types.intp)
+        src = builder.gep(builder.bitcast(C.data, ir.PointerType(vw)), [builder.mul(blk, pairs)])
+        dst = builder.gep(builder.bitcast(O.data, ir.PointerType(v32)), [builder.mul(slot, pairs)])
+        tab = builder.load(builder.bitcast(T.data, ir.PointerType(v32)), align=2)
+        spread = ir.Constant(ir.VectorType(_I32, PAIR_LANES), [i % words for i in range(PAIR_LANES)])
+        shifts = ir.Constant(v32, [b * (i // words) for i in range(PAIR_LANES)])
+        mask = ir.Constant(v32, [(1 << b) - 1] * PAIR_LANES)
+        with cgutils.for_range(builder, pairs) as loop:
+            w = builder.load(builder.gep(src, [loop.index]), align=2)
+            idx = builder.and_(builder.lshr(builder.shuffle_vector(w, w, spread), shifts), mask)
+            builder.store(builder.call(perm, [tab, idx]), builder.gep(dst, [loop.index]), align=2)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def _tile(typingctx, a, levels, norms, scales, m0, mr, nr, out):
+    """out[m0 + i, 16 j + c] = scales[m0 + i] * sum_g norms[j, g, c] * (int32 sum of group g of
+    a[m0 + i] times column c of block j), for i < mr, j < nr (literals): a (R, K_pad) int16
+    rotated activations, levels (>= nr, K_pad / 2, 32) int16 from `_expand`, norms (>= nr, G, 16)
+    float32, scales (R,) float32, out (R, >= 16 nr) float32 (any row stride)."""
+    if not (isinstance(mr, types.IntegerLiteral) and isinstance(nr, types.IntegerLiteral)):
+        return None
+    rows_n, blocks_n = mr.literal_value, nr.literal_value
+    sig = types.none(a, levels, norms, scales, m0, mr, nr, out)
+
+    def codegen(context, builder, signature, args):
+        a_v, l_v, n_v, s_v, m0_v, _, _, o_v = args
+        A = context.make_array(signature.args[0])(context, builder, a_v)
+        L = context.make_array(signature.args[1])(context, builder, l_v)
+        N = context.make_array(signature.args[2])(context, builder, n_v)
+        S = context.make_array(signature.args[3])(context, builder, s_v)
+        O = context.make_array(signature.args[7])(context, builder, o_v)
+        vi, vf = ir.VectorType(_I32, COLUMNS), ir.VectorType(_F32, COLUMNS)
+        dot = _decl(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
+        fma = _decl(builder, "llvm.fma.v16f32", vf, [vf, vf, vf])
+        m0 = context.cast(builder, m0_v, signature.args[4], types.intp)
+        pairs = cgutils.unpack_tuple(builder, L.shape, 3)[1]
+        groups = cgutils.unpack_tuple(builder, N.shape, 3)[1]
+        group_pairs = builder.sdiv(pairs, groups)
+        a_stride = builder.sdiv(cgutils.unpack_tuple(builder, A.strides, 2)[0], ir.Constant(_I64, 4))  # int16 pairs
+        s_stride = builder.sdiv(cgutils.unpack_tuple(builder, S.strides, 1)[0], ir.Constant(_I64, 4))
+        o_stride = builder.sdiv(cgutils.unpack_tuple(builder, O.strides, 2)[0], ir.Constant(_I64, 4))
+        a32 = builder.bitcast(A.data, ir.PointerType(_I32))
+        lvec = builder.bitcast(L.data, ir.PointerType(vi))
+        nvec = builder.bitcast(N.data, ir.PointerType(vf))
+        row_ptr = [builder.gep(a32, [builder.mul(builder.add(m0, ir.Constant(_I64, i)), a_stride)])
+                   for i in range(rows_n)]
+        lev_ptr = [builder.gep(lvec, [builder.mul(ir.Constant(_I64, j), pairs)]) for j in range(blocks_n)]
+        nrm_ptr = [builder.gep(nvec, [builder.mul(ir.Constant(_I64, j), groups)]) for j in range(blocks_n)]
+        zero_i, zero_f = ir.Constant(vi, [0] * COLUMNS), ir.Constant(vf, [0.0] * COLUMNS)
+        acc_f = [[cgutils.alloca_once_value(builder, zero_f) for _ in range(blocks_n)] for _ in range(rows_n)]
+        acc_i = [[cgutils.alloca_once_value(builder, zero_i) for _ in range(blocks_n)] for _ in range(rows_n)]
+        with cgutils.for_range(builder, groups) as group_loop:
+            g = group_loop.index
+            for i in range(rows_n):
+                for j in range(blocks_n):
+                    builder.store(zero_i, acc_i[i][j])
+            first = builder.mul(g, group_pairs)
+            with cgutils.for_range(builder, group_pairs) as pair_loop:
+                p = builder.add(first, pair_loop.index)
+                lev = [builder.load(builder.gep(lev_ptr[j], [p]), align=4) for j in range(blocks_n)]
+                for i in range(rows_n):
+                    pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), vi)
+                    for j in range(blocks_n):
+                        builder.store(builder.call(dot, [builder.load(acc_i[i][j]), pair, lev[j]]), acc_i[i][j])
+            nrm = [builder.load(builder.gep(nrm_ptr[j], [g]), align=4) for j in range(blocks_n)]
+            for i in range(rows_n):
+                for j in range(blocks_n):
+                    total = builder.sitofp(builder.load(acc_i[i][j]), vf)
+                    builder.store(builder.call(fma, [total, nrm[j], builder.load(acc_f[i][j])]), acc_f[i][j])
+        for i in range(rows_n):
+            m = builder.add(m0, ir.Constant(_I64, i))
+            scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), vf)
+            for j in range(blocks_n):
+                dst = builder.gep(O.data, [builder.add(builder.mul(m, o_stride), ir.Constant(_I64, COLUMNS * j))])
+                builder.store(builder.fmul(builder.load(acc_f[i][j]), scale),
+                              builder.bitcast(dst, ir.PointerType(vf)), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
