@@ -2,6 +2,7 @@
 
     python benchmarks/passes.py --engine WORKTREE              # 30 s of demo sentences with pauses
     python benchmarks/passes.py --engine WORKTREE --audio espeak --seconds 30   # speech without pauses
+    python benchmarks/passes.py --engine . --this-env WHISTLE_INTEGER=1          # one checkout, two settings
 
 What a live session costs the server, without the server: a `StreamSession` over the full
 architecture (random weights, the shipped 8199-row vocabulary) reads a stream in 1 s steps, its
@@ -64,7 +65,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens-per-second", type=float, default=4.0)
     ap.add_argument("--vocab", type=int, default=8199, help="embedding and head rows (0: the model's own)")
+    ap.add_argument("--this-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable for this checkout's child only (repeatable)")
     args = ap.parse_args(argv)
+    if any("=" not in e for e in args.this_env):
+        ap.error("--this-env takes NAME=VALUE")
+    this_env = dict(e.split("=", 1) for e in args.this_env)
     if not (args.engine / "whistle_stream" / "streaming.py").exists():
         ap.error(f"--engine {args.engine}: not a checkout (no whistle_stream/streaming.py there)")
     if args.repeats < 1 or args.seconds <= 0:
@@ -81,7 +87,8 @@ def main(argv=None) -> int:
         procs = {name: subprocess.Popen([sys.executable, "-c", _CHILD, str(root), str(ROOT), path,
                                          str(args.tokens_per_second), str(args.vocab), f"{tmp}/audio.npy"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        env={**os.environ, ENGINE_ROOT: str(root)})
+                                        env={**os.environ, ENGINE_ROOT: str(root),
+                                             **(this_env if name == "this" else {})})
                  for name, root in sides.items()}
 
         def stream(name: str) -> dict:
@@ -101,7 +108,8 @@ def main(argv=None) -> int:
             p.wait()
     print(f"full architecture, {args.vocab}-row vocabulary, {len(audio) / RATE:.0f} s of "
           f"{'demo sentences with pauses' if args.audio == 'demo' else 'espeak-ng speech'}, 1 s steps, "
-          f"{args.tokens_per_second:g} scripted tokens per audio second, 1 thread; other: {args.engine}")
+          f"{args.tokens_per_second:g} scripted tokens per audio second, 1 thread; other: {args.engine}"
+          + (f"; this with {' '.join(args.this_env)}" if args.this_env else ""))
     summary = {}
     for name in sides:
         kept = runs[name][1:]

@@ -371,6 +371,32 @@ def test_cq_linear_quantised_takes_the_float_path_where_the_integer_one_does_not
     np.testing.assert_array_equal(layer.quantised(few), layer(B.fake_quant_int8(few)))
 
 
+def test_the_integer_products_are_off_unless_asked_for_and_never_for_a_fixed_tier(monkeypatch):
+    """WHISTLE_INTEGER=1 turns them on where the host has the instructions; a tier's cache
+    (WHISTLE_JIT_TARGET) or a forced simd path other than AVX-512 rules them out; a value other
+    than 0 or 1, or 1 where they cannot run, is reported."""
+    from numba import config
+
+    from whistle_stream.kernels import simd
+
+    monkeypatch.delenv(KI.ENV, raising=False)
+    assert KI._enabled() is False
+    monkeypatch.setenv(KI.ENV, "1")
+    assert KI._enabled() is KI.AVAILABLE
+    monkeypatch.setenv(KI.ENV, "yes")
+    with pytest.warns(RuntimeWarning, match="WHISTLE_INTEGER must be 0 or 1, got 'yes'"):
+        assert KI._enabled() is False
+    monkeypatch.setattr(config, "CPU_NAME", "x86-64-v4")
+    assert KI._available() is False
+    monkeypatch.setattr(config, "CPU_NAME", None)
+    monkeypatch.setattr(simd, "PATH", "avx2")
+    assert KI._available() is False
+    monkeypatch.setattr(KI, "AVAILABLE", False)
+    monkeypatch.setenv(KI.ENV, "1")
+    with pytest.warns(RuntimeWarning, match="no AVX-512 VNNI path; the float products"):
+        assert KI._enabled() is False
+
+
 def test_cq_linear_of_a_width_it_cannot_keep_packed_is_a_dense_linear(tmp_path):
     """Records that are not CQ of one packed width come back as the dense Linear of their weights."""
 
