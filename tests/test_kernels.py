@@ -239,7 +239,7 @@ def test_cq_linear_matches_the_dequantised_matrices_stacked(bits, rows, monkeypa
     rng = np.random.default_rng([bits, rows])
     parts = [_cq_matrix(rng, bits, n, 200) for n in (40, 8, 24)]
     layer = B.CQLinear([p for p, _ in parts])
-    assert layer.shape == (72, 200) and layer.codes.nbytes == 72 * 256 * bits // 8
+    assert layer.shape == (72, 200) and layer.packed[0].nbytes == 72 * 256 * bits // 8
     x = rng.standard_normal((rows, 200)).astype(np.float32)
     want = x.astype(np.float64) @ np.concatenate([d for _, d in parts]).T
     got = layer(x)
@@ -335,7 +335,8 @@ def test_integer_products_of_some_column_blocks_write_only_those():
 
 
 @pytest.mark.parametrize("bits", [2, 4])
-def test_cq_linear_quantised_is_the_product_of_the_fake_quantised_rows(bits, monkeypatch):
+@pytest.mark.parametrize("rows", [1, 13, 60])
+def test_cq_linear_quantised_is_the_product_of_the_fake_quantised_rows(bits, rows, monkeypatch):
     """`quantised` on both paths: the integer products where the CPU has them (the codebook's
     integer levels round it by a few 1e-5 of the largest output at most), and with them off the
     float path's fake-quant and product, bit for bit; a split over two threads changes no bit."""
@@ -343,11 +344,12 @@ def test_cq_linear_quantised_is_the_product_of_the_fake_quantised_rows(bits, mon
     rng = np.random.default_rng(bits)
     parts = [_cq_matrix(rng, bits, n, 200) for n in (48, 16, 32)]
     layer = B.CQLinear([p for p, _ in parts], integer=True)
-    assert (layer.integer is not None) == KI.AVAILABLE
-    x = rng.standard_normal((60, 200)).astype(np.float32)
+    if KI.AVAILABLE:   # a random codebook is off the grid: its integer products taken by hand
+        layer.integer = B.integer_matrix([p for p, _ in parts], tolerance=1.0)
+    x = rng.standard_normal((rows, 200)).astype(np.float32)
     want = twin_fake_quant(x).astype(np.float64) @ np.concatenate([d for _, d in parts]).T
     got = layer.quantised(x)
-    assert got.dtype == np.float32 and got.shape == (60, 96)
+    assert got.dtype == np.float32 and got.shape == (rows, 96)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     monkeypatch.setattr(K, "GEMM_THREADS", 2)
     monkeypatch.setattr(K, "GEMM_SPLIT_ROWS", 8)
@@ -359,42 +361,66 @@ def test_cq_linear_quantised_is_the_product_of_the_fake_quantised_rows(bits, mon
 
 
 def test_cq_linear_quantised_takes_the_float_path_where_the_integer_one_does_not_fit(monkeypatch):
-    """Outputs not a multiple of 16 columns, or a few rows (`PACKED_ROWS`): the float path."""
+    """Outputs not a multiple of 16 columns: the float path, its packed form built at once (with
+    the integer products it is built only when the float path is first called)."""
     monkeypatch.setattr(K, "INTEGER_PRODUCTS", KI.AVAILABLE)
     rng = np.random.default_rng(11)
     odd = B.CQLinear([_cq_matrix(rng, 2, 40, 128)[0]], integer=True)
-    assert odd.integer is None
+    assert odd.integer is None and odd._packed is not None
     x = rng.standard_normal((60, 128)).astype(np.float32)
     np.testing.assert_array_equal(odd.quantised(x), odd(B.fake_quant_int8(x)))
-    layer = B.CQLinear([_cq_matrix(rng, 2, 32, 128)[0]], integer=True)
-    few = x[:K.PACKED_ROWS]
-    np.testing.assert_array_equal(layer.quantised(few), layer(B.fake_quant_int8(few)))
+    if KI.AVAILABLE:
+        part = _cq_matrix(rng, 2, 32, 128)[0]
+        layer = B.CQLinear([part], integer=True)
+        layer.integer = B.integer_matrix([part], tolerance=1.0)
+        assert layer._packed is None
+        layer.quantised(x)
+        assert layer._packed is None
+        monkeypatch.setattr(K, "INTEGER_PRODUCTS", False)
+        np.testing.assert_array_equal(layer.quantised(x), layer(B.fake_quant_int8(x)))
+        assert layer._packed is not None
 
 
-def test_the_integer_products_are_off_unless_asked_for_and_never_for_a_fixed_tier(monkeypatch):
-    """WHISTLE_INTEGER=1 turns them on where the host has the instructions; a tier's cache
-    (WHISTLE_JIT_TARGET) or a forced simd path other than AVX-512 rules them out; a value other
-    than 0 or 1, or 1 where they cannot run, is reported."""
+def test_the_integer_products_run_where_they_can_unless_turned_off(monkeypatch):
+    """On wherever the host has the instructions; WHISTLE_INTEGER=0 turns them off; a tier's
+    cache (WHISTLE_JIT_TARGET) or a forced simd path other than AVX-512 rules them out; a value
+    other than 0 or 1 is reported."""
     from numba import config
 
     from whistle_stream.kernels import simd
 
     monkeypatch.delenv(KI.ENV, raising=False)
-    assert KI._enabled() is False
-    monkeypatch.setenv(KI.ENV, "1")
     assert KI._enabled() is KI.AVAILABLE
+    monkeypatch.setenv(KI.ENV, "0")
+    assert KI._enabled() is False
     monkeypatch.setenv(KI.ENV, "yes")
     with pytest.warns(RuntimeWarning, match="WHISTLE_INTEGER must be 0 or 1, got 'yes'"):
-        assert KI._enabled() is False
+        assert KI._enabled() is KI.AVAILABLE
     monkeypatch.setattr(config, "CPU_NAME", "x86-64-v4")
     assert KI._available() is False
     monkeypatch.setattr(config, "CPU_NAME", None)
     monkeypatch.setattr(simd, "PATH", "avx2")
     assert KI._available() is False
-    monkeypatch.setattr(KI, "AVAILABLE", False)
-    monkeypatch.setenv(KI.ENV, "1")
-    with pytest.warns(RuntimeWarning, match="no AVX-512 VNNI path; the float products"):
-        assert KI._enabled() is False
+
+
+def test_only_a_codebook_on_the_integer_grid_takes_the_integer_products():
+    """needle's 2-bit codebook fits the int16 grid within LEVEL_TOLERANCE, its 4-bit one does not
+    (the float path keeps the demo model's parity); shapes the tiles cannot take are refused."""
+    rng = np.random.default_rng(3)
+    needle_2bit = np.array([-0.13317214, -0.03990209, 0.04003528, 0.13346045], np.float32)
+    needle_4bit = np.array([-0.23953155, -0.18070605, -0.14095794, -0.10901255, -0.08151297, -0.05652765,
+                            -0.03293915, -0.01011611, 0.0127108, 0.03570792, 0.05945826, 0.08497702,
+                            0.11274162, 0.14469692, 0.184239, 0.2422737], np.float32)
+
+    def cq(codebook, rows=32):
+        bits = int(np.log2(codebook.size))
+        codes = rng.integers(0, codebook.size, (rows, 128)).astype(np.uint8)
+        return _Packed(codes, np.ones((rows, 1), np.float16), codebook, bits, 128, (rows, 128))
+
+    assert B.integer_matrix([cq(needle_2bit)]) is not None
+    assert B.integer_matrix([cq(needle_4bit)]) is None
+    assert B.integer_matrix([cq(needle_4bit)], tolerance=1.0) is not None
+    assert B.integer_matrix([cq(needle_2bit, rows=40)]) is None   # not whole 16-column blocks
 
 
 def test_cq_linear_of_a_width_it_cannot_keep_packed_is_a_dense_linear(tmp_path):

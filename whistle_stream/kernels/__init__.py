@@ -635,8 +635,8 @@ def _lane_mix(hres, x, hpost, y, out):
 _MR, _NR = _integer.MR, _integer.NR  # the tile's rows and column blocks (literals in the calls below)
 
 
-# Whether `blocks.CQLinear` builds and `quantised` takes the integer products (WHISTLE_INTEGER=1
-# on a CPU that has them, integer.ENABLED); read when a matrix is built and at each call.
+# Whether `blocks.CQLinear` builds and `quantised` takes the integer products (on a CPU that has
+# them unless WHISTLE_INTEGER=0, integer.ENABLED); read when a matrix is built and at each call.
 INTEGER_PRODUCTS = _integer.ENABLED
 
 
