@@ -329,11 +329,16 @@ class CQLinear:
             weights = [cact.array(name) for name in names]
             return Linear(weights[0] if len(weights) == 1 else np.concatenate(weights))
 
-    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """x (rows, in) float32 -> (rows, out) float32."""
+    def _input(self, x: np.ndarray) -> np.ndarray:
+        """x as float32 rows of the matrix's input size, or a ValueError naming both sizes."""
         x = _f32_rows(x)
         if x.shape[1] != self.shape[1]:
             raise ValueError(f"input has {x.shape[1]} features, the matrix takes {self.shape[1]}")
+        return x
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x (rows, in) float32 -> (rows, out) float32."""
+        x = self._input(x)
         xr = np.empty((x.shape[0], self.k_pad), np.float32)
         K._fwht_rows(x, self.group, xr)
         codes, norms, levels = self.packed
@@ -352,11 +357,9 @@ class CQLinear:
         `integer_matrix`) the int8 codes times the integer levels, exact in int32
         (`kernels.integer`; at 13 rows 2.4x faster than the float path, at 375 1.6x); else the
         fake-quantised float rows through `__call__`."""
-        x = _f32_rows(x)
+        x = self._input(x)
         if self.integer is None or not K.INTEGER_PRODUCTS:
             return self(fake_quant_int8(x))
-        if x.shape[1] != self.shape[1]:
-            raise ValueError(f"input has {x.shape[1]} features, the matrix takes {self.shape[1]}")
         rows = x.shape[0]
         q = np.empty((rows, self.k_pad), np.int16)
         scales = np.empty(rows, np.float32)

@@ -38,6 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import simd
+from .simd import _declare, _splat
 
 _F32, _I16, _I32, _I64 = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 COLUMNS = 16      # output columns of a block: one int32 lane each in a 512-bit register
@@ -110,17 +111,6 @@ def block_norms(norms: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(norms, np.float32).reshape(n // COLUMNS, COLUMNS, g).transpose(0, 2, 1))
 
 
-def _decl(builder, name, ret, args):
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
-
-
-def _splat(builder, scalar, vec_type):
-    lanes = vec_type.count
-    one = builder.insert_element(ir.Constant(vec_type, ir.Undefined), scalar, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vec_type, ir.Undefined),
-                                  ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
-
-
 @intrinsic(prefer_literal=True)
 def _expand(typingctx, codes, table, block, slot, bits, out):
     """out[slot] = table[indices of column block `block`], int16 (K_pad / 2, 32): codes in
@@ -139,7 +129,7 @@ def _expand(typingctx, codes, table, block, slot, bits, out):
         O = context.make_array(signature.args[5])(context, builder, o_v)
         v32 = ir.VectorType(_I16, PAIR_LANES)
         vw = ir.VectorType(_I16, words)
-        perm = _decl(builder, "llvm.x86.avx512.permvar.hi.512", v32, [v32, v32])
+        perm = _declare(builder, "llvm.x86.avx512.permvar.hi.512", v32, [v32, v32])
         pairs = cgutils.unpack_tuple(builder, C.shape, 3)[1]
         blk = context.cast(builder, blk_v, signature.args[2], types.intp)
         slot = context.cast(builder, slot_v, signature.args[3], types.intp)
@@ -177,8 +167,8 @@ def _tile(typingctx, a, levels, norms, scales, m0, mr, nr, out):
         S = context.make_array(signature.args[3])(context, builder, s_v)
         O = context.make_array(signature.args[7])(context, builder, o_v)
         vi, vf = ir.VectorType(_I32, COLUMNS), ir.VectorType(_F32, COLUMNS)
-        dot = _decl(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
-        fma = _decl(builder, "llvm.fma.v16f32", vf, [vf, vf, vf])
+        dot = _declare(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
+        fma = _declare(builder, "llvm.fma.v16f32", vf, [vf, vf, vf])
         m0 = context.cast(builder, m0_v, signature.args[4], types.intp)
         pairs = cgutils.unpack_tuple(builder, L.shape, 3)[1]
         groups = cgutils.unpack_tuple(builder, N.shape, 3)[1]
@@ -206,7 +196,7 @@ def _tile(typingctx, a, levels, norms, scales, m0, mr, nr, out):
                 p = builder.add(first, pair_loop.index)
                 lev = [builder.load(builder.gep(lev_ptr[j], [p]), align=4) for j in range(blocks_n)]
                 for i in range(rows_n):
-                    pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), vi)
+                    pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), _I32, COLUMNS)
                     for j in range(blocks_n):
                         builder.store(builder.call(dot, [builder.load(acc_i[i][j]), pair, lev[j]]), acc_i[i][j])
             nrm = [builder.load(builder.gep(nrm_ptr[j], [g]), align=4) for j in range(blocks_n)]
@@ -216,7 +206,7 @@ def _tile(typingctx, a, levels, norms, scales, m0, mr, nr, out):
                     builder.store(builder.call(fma, [total, nrm[j], builder.load(acc_f[i][j])]), acc_f[i][j])
         for i in range(rows_n):
             m = builder.add(m0, ir.Constant(_I64, i))
-            scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), vf)
+            scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), _F32, COLUMNS)
             for j in range(blocks_n):
                 dst = builder.gep(O.data, [builder.add(builder.mul(m, o_stride), ir.Constant(_I64, COLUMNS * j))])
                 builder.store(builder.fmul(builder.load(acc_f[i][j]), scale),

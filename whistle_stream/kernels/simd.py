@@ -64,9 +64,11 @@ def _vec(elem, lanes: int = LANES) -> ir.VectorType:
     return ir.VectorType(elem, lanes)
 
 
-def _splat(builder, scalar, elem):
-    one = builder.insert_element(ir.Constant(_vec(elem), ir.Undefined), scalar, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(_vec(elem), ir.Undefined), ir.Constant(_vec(_I32), [0] * LANES))
+def _splat(builder, scalar, elem, lanes: int = LANES):
+    """scalar in every lane of a <lanes x elem> vector."""
+    vec = _vec(elem, lanes)
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(_vec(_I32, lanes), [0] * lanes))
 
 
 def _horizontal_sum(builder, v):
