@@ -104,5 +104,7 @@ def serve_shipped_vocabulary(model, vocab: int = SHIPPED_VOCAB) -> None:
     if vocab <= own:
         return
     shipped_size_embedding(model.decoder, model.cact, vocab)
-    head = model.decoder.head.rotated
-    model.decoder.head.rotated = lambda xr: head(xr)[:, :own]
+    dec_head = model.decoder.head
+    name = "quantised" if hasattr(dec_head, "quantised") else "rotated"   # an engine before the integer head
+    head = getattr(dec_head, name)
+    setattr(dec_head, name, lambda x: head(x)[:, :own])

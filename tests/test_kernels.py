@@ -298,9 +298,11 @@ def _integer_case(rng, bits, rows, columns, k_pad, group=128):
 
 @needs_vnni
 @pytest.mark.parametrize("bits", [2, 4])
-@pytest.mark.parametrize("rows, columns", [(1, 16), (7, 32), (13, 48), (8, 80), (5, 112)])  # row and block tails
+@pytest.mark.parametrize("rows, columns", [(1, 16), (4, 64), (7, 32), (10, 48), (13, 48), (8, 80), (5, 112)])
 def test_integer_products_equal_their_int64_twin_exactly(bits, rows, columns):
-    """Every group's sum is exact in int32, so with norms and scales 1 the output is the twin's
+    """Both paths (up to FEW_ROWS rows the codes expanded in registers per tile, more through the
+    scratch), their row and block tails: every group's sum is exact in int32, so with norms and
+    scales 1 the output is the twin's
     float32 sum of the int64 group sums, bit for bit: activations anywhere in int16's rotated
     range, levels up to LEVEL_LIMIT, and rows whose rotation lines up with a column's levels
     (sums near the int32 bound)."""

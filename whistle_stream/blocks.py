@@ -299,7 +299,7 @@ class CQLinear:
         self.sizes = [c.shape[0] for c in cqs]
         self.shape = (sum(self.sizes), first.shape[1])
         # integer: `quantised` is called (the encoder's products of int8 activations)
-        self.integer = integer_matrix(cqs) if integer and K.INTEGER_PRODUCTS and KI.AVAILABLE else None
+        self.integer = integer_form(cqs) if integer else None
         # the float path's packed form; with the integer products it is built only if the float
         # path is called (the integer products switched off), not held twice
         self._cqs = cqs
@@ -371,6 +371,12 @@ class CQLinear:
         else:
             K._integer_gemm(q, scales, self.integer, 0, blocks, out)
         return out
+
+
+def integer_form(cqs) -> "KI.IntegerMatrix | None":
+    """Stacked CQ matrices' integer form where the integer products run here
+    (`kernels.INTEGER_PRODUCTS`) and the matrices fit them (`integer_matrix`), else None."""
+    return integer_matrix(cqs) if K.INTEGER_PRODUCTS and KI.AVAILABLE else None
 
 
 def integer_matrix(cqs, tolerance: float = KI.LEVEL_TOLERANCE) -> "KI.IntegerMatrix | None":

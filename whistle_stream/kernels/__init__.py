@@ -27,7 +27,7 @@ drop_stale(Path(__file__).parent)   # before any kernel of the package loads fro
 
 from .simd import LANES, _dot1, _dot5, _fwht_groups, _levels_row  # noqa: E402
 from . import integer as _integer  # noqa: E402
-from .integer import _expand, _tile  # noqa: E402
+from .integer import _expand, _tile, _tile_codes  # noqa: E402
 
 # Reassociation lets LLVM vectorise the dot-product reductions (AVX2, 8 lanes); it changes
 # only the order of a float sum. Kernels that must round exactly like the reference
@@ -633,6 +633,9 @@ def _lane_mix(hres, x, hpost, y, out):
 
 
 _MR, _NR = _integer.MR, _integer.NR  # the tile's rows and column blocks (literals in the calls below)
+# Up to this many rows `_integer_gemm` expands the codes in registers per tile (`integer._tile_codes`)
+# instead of once per NR blocks into a scratch every row reads (`_expand`, `_tile`).
+FEW_ROWS = 10
 
 
 # Whether `blocks.CQLinear` builds and `quantised` takes the integer products (on a CPU that has
@@ -671,8 +674,13 @@ def _quant_rotate_rows(x, group, out, scales):
 def _integer_gemm(a, scales, w, first, last, out):
     """out[:, 16 first : 16 last] = the integer product (integer.py) of a `integer.IntegerMatrix`'s
     column blocks [first, last): a (R, K_pad) int16 from `_quant_rotate_rows` with its scales (R,);
-    out (R, N) float32. Each run of NR blocks is expanded once (`_expand`) and read by every row's
-    tile (`_tile`)."""
+    out (R, N) float32. Up to FEW_ROWS rows (a decoder step) each tile expands the codes in
+    registers (`_few_rows`); more rows share each run of NR blocks expanded once (`_expand`) by
+    every row's tile (`_tile`). Either way a row's sums are the same."""
+    if a.shape[0] <= FEW_ROWS:
+        for m in range(0, a.shape[0], 5):
+            _few_rows(a, scales, w, first, last, m, out)
+        return
     rows = a.shape[0]
     buf = np.empty((_NR, w.codes.shape[1], _integer.PAIR_LANES), np.int16)
     full = rows - rows % _MR
@@ -702,3 +710,44 @@ def _integer_gemm(a, scales, w, first, last, out):
             for m in range(full, rows):
                 _tile(a, buf, nrm, scales, m, 1, 1, o)
         b += nr
+
+
+@_jit()
+def _few_rows(a, scales, w, first, last, m, out):
+    """Rows m .. m + 4 (those that exist) of `_integer_gemm`'s product over column blocks [first,
+    last), by `_tile_codes`: five rows by three blocks a tile, fewer at the ends."""
+    rows = min(5, a.shape[0] - m)
+    b = first
+    while b < last:
+        if rows == 5:
+            b = _few_tiles(a, scales, w, b, last, m, 5, out)
+        elif rows == 4:
+            b = _few_tiles(a, scales, w, b, last, m, 4, out)
+        elif rows == 3:
+            b = _few_tiles(a, scales, w, b, last, m, 3, out)
+        elif rows == 2:
+            b = _few_tiles(a, scales, w, b, last, m, 2, out)
+        else:
+            b = _few_tiles(a, scales, w, b, last, m, 1, out)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _few_tiles(a, scales, w, b, last, m, mr, out):
+    """One `_tile_codes` call of mr (a literal) rows at block b; returns the next block."""
+    nr = min(_NR, last - b)
+    codes, nrm, o = w.codes[b:], w.norms[b:], out[:, _integer.COLUMNS * b:]
+    if w.bits == 2:
+        if nr == 3:
+            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 3, 2, o)
+        elif nr == 2:
+            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 2, 2, o)
+        else:
+            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 1, 2, o)
+    else:
+        if nr == 3:
+            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 3, 4, o)
+        elif nr == 2:
+            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 2, 4, o)
+        else:
+            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 1, 4, o)
+    return b + nr

@@ -16,8 +16,10 @@ from numba.extending import overload
 
 from . import (
     GEMM_FASTMATH, JIT_OPTIONS, _dot5_rows, _exp_neg, _packed5_rows, _fake_quant_rows, _fwht_rows, _gemm_rows, _int8_scale,
-    _lane_combine, _lane_mix, _rms_unit_rows, _rope_rows, _sinkhorn_rows, _zc_rmsnorm_rows,
+    _integer_gemm, _lane_combine, _lane_mix, _quant_rotate_rows, _rms_unit_rows, _rope_rows, _sinkhorn_rows,
+    _zc_rmsnorm_rows,
 )
+from .integer import IntegerMatrix
 from .simd import LANES, _tile5
 
 
@@ -401,12 +403,37 @@ def _lanes_out(x, hres, hpost, block_out, u, out):
 
 
 @_jit(GEMM_FASTMATH)
-def _norm_quant_rotate(x, scale, eps, group, hr):
-    """hr = FWHT(int8(zc_rmsnorm(x))): a block's input ready for its rotated-domain products."""
-    h = np.empty(x.shape, np.float32)
-    _zc_rmsnorm_rows(x, scale, eps, h)
+def _quant_rotate(h, group, hr):
+    """hr = FWHT(int8(h)) per group (h overwritten by its fake-quant): rows into the rotated domain
+    of the float products (`_product`)."""
     _fake_quant_rows(h, h)
     _fwht_rows(h, group, hr)
+
+
+@_jit(GEMM_FASTMATH)
+def _quant_product(h, w, out):
+    """out = int8(h) @ W.T for a `Rotated` matrix W; h (R, K) float32, overwritten. The integer
+    products (`kernels._integer_gemm` of `_quant_rotate_rows`' codes) where W holds them, else the
+    fake-quantised rows rotated (`_quant_rotate`) through the float `_product`."""
+    rows = h.shape[0]
+    iw = w.integer
+    if iw.codes.shape[0]:
+        q = np.empty((rows, 2 * iw.codes.shape[1]), np.int16)
+        scales = np.empty(rows, np.float32)
+        _quant_rotate_rows(h, w.group, q, scales)
+        _integer_gemm(q, scales, iw, 0, iw.codes.shape[0], out)
+    else:
+        hr = np.zeros((rows, w.norms.shape[1] * w.group), np.float32)
+        _quant_rotate(h, w.group, hr)
+        _product(hr, w.codes, w.norms, w.levels, w.bits, w.group, out)
+
+
+@_jit(GEMM_FASTMATH)
+def _norm_product(x, scale, eps, w, out):
+    """out = int8(zc_rmsnorm(x)) @ W.T: a block's input through its first products."""
+    h = np.empty(x.shape, np.float32)
+    _zc_rmsnorm_rows(x, scale, eps, h)
+    _quant_product(h, w, out)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -421,8 +448,8 @@ def _sigmoid_vec(x, out, bits):
 
 
 @_jit(GEMM_FASTMATH)
-def _gate_quant_rotate(att, gate, group, hr):
-    """hr = FWHT(int8(att * sigmoid(gate))): attention output into the rotated domain of out_proj."""
+def _gate_product(att, gate, w, out):
+    """out = int8(att * sigmoid(gate)) @ W.T: the attention output through out_proj."""
     rows, width = att.shape
     h = np.empty((rows, width), np.float32)
     sig = np.empty(width, np.float32)
@@ -431,8 +458,7 @@ def _gate_quant_rotate(att, gate, group, hr):
         _sigmoid_vec(gate[r], sig, bits)
         for c in range(width):
             h[r, c] = att[r, c] * sig[c]
-    _fake_quant_rows(h, h)
-    _fwht_rows(h, group, hr)
+    _quant_product(h, w, out)
 
 
 @_jit(GEMM_FASTMATH)
@@ -666,13 +692,13 @@ def _engram_hash(seq, depth, start, orders, hashes, stride, seed, prime, shift, 
 
 
 @_jit(GEMM_FASTMATH)
-def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_codes, kv_norms, kv_levels,
-                 kv_bits, kv_group, taps, dilation, ring, anc, n_rows, start, key, value):
+def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv, taps, dilation, ring, anc, n_rows,
+                 start, key, value):
     """One engram site's key and value rows for the new positions (needle `Engram`, guide §6).
 
     idx, ok (B*S, tables): table indices and validity; the gathered rows (dequantised CQ rows of
     each table, cut to `sub` = sub_dim, zeroed where not ok) are int8-quantised
-    together and projected by the stacked [key | value] matrix; the value rows then pass the
+    together and projected by the stacked [key | value] matrix kv (a `Rotated`); the value rows then pass the
     dilated causal taps over `hist` (capacity, H, width), which receives the raw value rows.
     key, value (B*S, width).
     """
@@ -693,11 +719,8 @@ def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv_
             src = deq[m * tables + t]
             for c in range(sub):
                 fetched[m, t * sub + c] = src[c] * w
-    _fake_quant_rows(fetched, fetched)
-    hr = np.zeros((n, kv_norms.shape[1] * kv_group), np.float32)
-    _fwht_rows(fetched, kv_group, hr)
-    y = np.empty((n, kv_codes.shape[0]), np.float32)
-    _product(hr, kv_codes, kv_norms, kv_levels, kv_bits, kv_group, y)
+    y = np.empty((n, kv.outputs), np.float32)
+    _quant_product(fetched, kv, y)
     n_new = n // n_rows
     raw = np.empty((n_rows, n_new, width), np.float32)
     for m in range(n):
@@ -761,13 +784,17 @@ def compiled_for(dispatcher, *args):
 
 
 class Rotated(NamedTuple):
-    """A CQ matrix kept in the rotated domain (§5): its codes (packed level indices of `bits` bits, or
-    int16 level codes with bits 0), per-group norms (out, K_pad // group), levels."""
+    """A CQ matrix kept in the rotated domain (§5) for `_quant_product`: its integer form where it
+    has one (an `integer.IntegerMatrix`; else one of no blocks), else the float products' codes
+    (packed level indices of `bits` bits, or int16 level codes with bits 0), per-group norms (out,
+    K_pad // group) and levels (those three empty where the integer form serves)."""
     codes: np.ndarray
     norms: np.ndarray
     levels: np.ndarray
     bits: int
     group: int
+    outputs: int
+    integer: IntegerMatrix
 
 
 class LaneMaps(NamedTuple):
@@ -895,38 +922,28 @@ def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start, layer):
     dv = cache.v_pool.shape[3]
 
     # causal self-attention: int8(norm_in(x)) -> [q | k | v | gate] in one rotated product
-    qkvg, so = sa.qkvg, sa.out
-    hr = np.zeros((n, qkvg.norms.shape[1] * qkvg.group), np.float32)
-    _norm_quant_rotate(x, sa.norm_in, eps, qkvg.group, hr)
-    y = np.empty((n, qkvg.codes.shape[0]), np.float32)
-    _product(hr, qkvg.codes, qkvg.norms, qkvg.levels, qkvg.bits, qkvg.group, y)
+    y = np.empty((n, sa.qkvg.outputs), np.float32)
+    _norm_product(x, sa.norm_in, eps, sa.qkvg, y)
     q = np.empty((n_rows, n_new, heads, dq), np.float32)
-    _self_qkv(y[:n], n_rows, start, sa.q_taps, sa.k_taps, sa.v_taps, cache.hq, cache.hk, cache.hv, cache.anc,
+    _self_qkv(y, n_rows, start, sa.q_taps, sa.k_taps, sa.v_taps, cache.hq, cache.hk, cache.hv, cache.anc,
               sa.q_norm, sa.k_norm, sh.cos_tab, sh.sin_tab, eps, heads, kv_heads, cache.k_pool, cache.v_pool, q)
     att = np.empty((n_rows, n_new, heads, dv), np.float32)
     _attend_pool(q, cache.k_pool, cache.v_pool, cache.anc, start, sh.q_scale, sh.logit_scale, cache.scores, att)
-    hr = np.zeros((n, so.norms.shape[1] * so.group), np.float32)
-    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, sa.gate_at:], so.group, hr)
-    o = np.empty((n, so.codes.shape[0]), np.float32)
-    _product(hr, so.codes, so.norms, so.levels, so.bits, so.group, o)
-    _gated_residual(x, o[:n], sa.post_norm, eps, sa.gate)
+    o = np.empty((n, sa.out.outputs), np.float32)
+    _gate_product(att.reshape((n, heads * dv)), y[:, sa.gate_at:], sa.out, o)
+    _gated_residual(x, o, sa.post_norm, eps, sa.gate)
 
     # cross-attention over the clip's memory: int8(cross_norm(x)) -> [q | gate]
-    qg, co = ca.qg, ca.out
-    hr = np.zeros((n, qg.norms.shape[1] * qg.group), np.float32)
-    _norm_quant_rotate(x, ca.norm, eps, qg.group, hr)
-    y = np.empty((n, qg.codes.shape[0]), np.float32)
-    _product(hr, qg.codes, qg.norms, qg.levels, qg.bits, qg.group, y)
+    y = np.empty((n, ca.qg.outputs), np.float32)
+    _norm_product(x, ca.norm, eps, ca.qg, y)
     qc = np.empty((n, heads, dq), np.float32)
-    _head_norm_quant(y[:n, :heads * dq], heads, ca.q_norm, eps, qc)
+    _head_norm_quant(y[:, :heads * dq], heads, ca.q_norm, eps, qc)
     att = np.empty((n, heads, dv), np.float32)
     _attend_memory(qc, mem.k_codes, mem.k_scale, mem.v_codes, mem.v_scale, sh.q_scale, sh.logit_scale, weights,
                    att)
-    hr = np.zeros((n, co.norms.shape[1] * co.group), np.float32)
-    _gate_quant_rotate(att.reshape((n, heads * dv)), y[:n, heads * dq:], co.group, hr)
-    o = np.empty((n, co.codes.shape[0]), np.float32)
-    _product(hr, co.codes, co.norms, co.levels, co.bits, co.group, o)
-    _gated_residual(x, o[:n], ca.post_norm, eps, ca.gate)
+    o = np.empty((n, ca.out.outputs), np.float32)
+    _gate_product(att.reshape((n, heads * dv)), y[:, heads * dq:], ca.out, o)
+    _gated_residual(x, o, ca.post_norm, eps, ca.gate)
 
     _hadamard_residual(x, mlp.pre, mlp.d1, mlp.d2, mlp.b2, mlp.d3, mlp.d4, mlp.w1a, mlp.w1b, mlp.w2a, mlp.w2b,
                        mlp.w3a, mlp.w3b, mlp.cond_vt, mlp.cond_u, mlp.p1, mlp.p2, mlp.ident, eps)

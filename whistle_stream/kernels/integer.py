@@ -92,6 +92,12 @@ class IntegerMatrix(NamedTuple):
     group: int          # inputs per norm and Hadamard block, a power of two <= MAX_GROUP
 
 
+def absent() -> IntegerMatrix:
+    """An IntegerMatrix of no column blocks: in a typed record, "this matrix takes the float path"."""
+    return IntegerMatrix(np.zeros((0, 0, 4), np.uint16), np.zeros(PAIR_LANES, np.int16),
+                         np.zeros((0, 0, COLUMNS), np.float32), 2, MAX_GROUP)
+
+
 def vnni_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Level indices (N, K_pad) uint8, N a multiple of COLUMNS, as (N / 16, K_pad / 2, 2 * bits)
     uint16: vector (b, p) holds the 32 indices of columns 16b..16b+15 at inputs 2p, 2p+1 (lane
@@ -111,6 +117,38 @@ def block_norms(norms: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(norms, np.float32).reshape(n // COLUMNS, COLUMNS, g).transpose(0, 2, 1))
 
 
+class _Expansion(NamedTuple):
+    """What turns a column block's packed codes at one input pair into its 32 int16 levels: the
+    words' spread over the lanes, each lane's shift, the mask, the table and vpermw."""
+    spread: ir.Constant
+    shifts: ir.Constant
+    mask: ir.Constant
+    table: ir.Value
+    perm: ir.Function
+
+
+def _expansion(builder, table_ptr, bits: int) -> _Expansion:
+    words = 2 * bits
+    v32 = ir.VectorType(_I16, PAIR_LANES)
+    return _Expansion(
+        spread=ir.Constant(ir.VectorType(_I32, PAIR_LANES), [i % words for i in range(PAIR_LANES)]),
+        shifts=ir.Constant(v32, [bits * (i // words) for i in range(PAIR_LANES)]),
+        mask=ir.Constant(v32, [(1 << bits) - 1] * PAIR_LANES),
+        table=builder.load(builder.bitcast(table_ptr, ir.PointerType(v32)), align=2),
+        perm=_declare(builder, "llvm.x86.avx512.permvar.hi.512", v32, [v32, v32]))
+
+
+def _expand_pair(builder, ex: _Expansion, words_ptr):
+    """The 32 int16 levels of the codes at words_ptr (<2 * bits x i16>*): a shift, a mask, vpermw."""
+    w = builder.load(words_ptr, align=2)
+    idx = builder.and_(builder.lshr(builder.shuffle_vector(w, w, ex.spread), ex.shifts), ex.mask)
+    return builder.call(ex.perm, [ex.table, idx])
+
+
+def _words_type(bits: int):
+    return ir.PointerType(ir.VectorType(_I16, 2 * bits))
+
+
 @intrinsic(prefer_literal=True)
 def _expand(typingctx, codes, table, block, slot, bits, out):
     """out[slot] = table[indices of column block `block`], int16 (K_pad / 2, 32): codes in
@@ -119,7 +157,6 @@ def _expand(typingctx, codes, table, block, slot, bits, out):
     if not isinstance(bits, types.IntegerLiteral):
         return None
     b = bits.literal_value
-    words = 2 * b
     sig = types.none(codes, table, block, slot, bits, out)
 
     def codegen(context, builder, signature, args):
@@ -128,24 +165,64 @@ def _expand(typingctx, codes, table, block, slot, bits, out):
         T = context.make_array(signature.args[1])(context, builder, t_v)
         O = context.make_array(signature.args[5])(context, builder, o_v)
         v32 = ir.VectorType(_I16, PAIR_LANES)
-        vw = ir.VectorType(_I16, words)
-        perm = _declare(builder, "llvm.x86.avx512.permvar.hi.512", v32, [v32, v32])
         pairs = cgutils.unpack_tuple(builder, C.shape, 3)[1]
         blk = context.cast(builder, blk_v, signature.args[2], types.intp)
         slot = context.cast(builder, slot_v, signature.args[3], types.intp)
-        src = builder.gep(builder.bitcast(C.data, ir.PointerType(vw)), [builder.mul(blk, pairs)])
+        src = builder.gep(builder.bitcast(C.data, _words_type(b)), [builder.mul(blk, pairs)])
         dst = builder.gep(builder.bitcast(O.data, ir.PointerType(v32)), [builder.mul(slot, pairs)])
-        tab = builder.load(builder.bitcast(T.data, ir.PointerType(v32)), align=2)
-        spread = ir.Constant(ir.VectorType(_I32, PAIR_LANES), [i % words for i in range(PAIR_LANES)])
-        shifts = ir.Constant(v32, [b * (i // words) for i in range(PAIR_LANES)])
-        mask = ir.Constant(v32, [(1 << b) - 1] * PAIR_LANES)
+        ex = _expansion(builder, T.data, b)
         with cgutils.for_range(builder, pairs) as loop:
-            w = builder.load(builder.gep(src, [loop.index]), align=2)
-            idx = builder.and_(builder.lshr(builder.shuffle_vector(w, w, spread), shifts), mask)
-            builder.store(builder.call(perm, [tab, idx]), builder.gep(dst, [loop.index]), align=2)
+            builder.store(_expand_pair(builder, ex, builder.gep(src, [loop.index])),
+                          builder.gep(dst, [loop.index]), align=2)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _tile_body(context, builder, A, N, S, O, m0, pairs, rows_n: int, blocks_n: int, level_at):
+    """The tile both `_tile` and `_tile_codes` emit: out rows m0 .. m0 + rows_n - 1, columns of
+    blocks_n blocks; level_at(j, p) gives block j's 32 int16 levels at input pair p."""
+    vi, vf = ir.VectorType(_I32, COLUMNS), ir.VectorType(_F32, COLUMNS)
+    dot = _declare(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
+    fma = _declare(builder, "llvm.fma.v16f32", vf, [vf, vf, vf])
+    groups = cgutils.unpack_tuple(builder, N.shape, 3)[1]
+    group_pairs = builder.sdiv(pairs, groups)
+    a_stride = builder.sdiv(cgutils.unpack_tuple(builder, A.strides, 2)[0], ir.Constant(_I64, 4))  # int16 pairs
+    s_stride = builder.sdiv(cgutils.unpack_tuple(builder, S.strides, 1)[0], ir.Constant(_I64, 4))
+    o_stride = builder.sdiv(cgutils.unpack_tuple(builder, O.strides, 2)[0], ir.Constant(_I64, 4))
+    a32 = builder.bitcast(A.data, ir.PointerType(_I32))
+    nvec = builder.bitcast(N.data, ir.PointerType(vf))
+    row_ptr = [builder.gep(a32, [builder.mul(builder.add(m0, ir.Constant(_I64, i)), a_stride)])
+               for i in range(rows_n)]
+    nrm_ptr = [builder.gep(nvec, [builder.mul(ir.Constant(_I64, j), groups)]) for j in range(blocks_n)]
+    zero_i, zero_f = ir.Constant(vi, [0] * COLUMNS), ir.Constant(vf, [0.0] * COLUMNS)
+    acc_f = [[cgutils.alloca_once_value(builder, zero_f) for _ in range(blocks_n)] for _ in range(rows_n)]
+    acc_i = [[cgutils.alloca_once_value(builder, zero_i) for _ in range(blocks_n)] for _ in range(rows_n)]
+    with cgutils.for_range(builder, groups) as group_loop:
+        g = group_loop.index
+        for i in range(rows_n):
+            for j in range(blocks_n):
+                builder.store(zero_i, acc_i[i][j])
+        first = builder.mul(g, group_pairs)
+        with cgutils.for_range(builder, group_pairs) as pair_loop:
+            p = builder.add(first, pair_loop.index)
+            lev = [builder.bitcast(level_at(j, p), vi) for j in range(blocks_n)]
+            for i in range(rows_n):
+                pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), _I32, COLUMNS)
+                for j in range(blocks_n):
+                    builder.store(builder.call(dot, [builder.load(acc_i[i][j]), pair, lev[j]]), acc_i[i][j])
+        nrm = [builder.load(builder.gep(nrm_ptr[j], [g]), align=4) for j in range(blocks_n)]
+        for i in range(rows_n):
+            for j in range(blocks_n):
+                total = builder.sitofp(builder.load(acc_i[i][j]), vf)
+                builder.store(builder.call(fma, [total, nrm[j], builder.load(acc_f[i][j])]), acc_f[i][j])
+    for i in range(rows_n):
+        m = builder.add(m0, ir.Constant(_I64, i))
+        scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), _F32, COLUMNS)
+        for j in range(blocks_n):
+            dst = builder.gep(O.data, [builder.add(builder.mul(m, o_stride), ir.Constant(_I64, COLUMNS * j))])
+            builder.store(builder.fmul(builder.load(acc_f[i][j]), scale),
+                          builder.bitcast(dst, ir.PointerType(vf)), align=4)
 
 
 @intrinsic(prefer_literal=True)
@@ -156,61 +233,48 @@ def _tile(typingctx, a, levels, norms, scales, m0, mr, nr, out):
     float32, scales (R,) float32, out (R, >= 16 nr) float32 (any row stride)."""
     if not (isinstance(mr, types.IntegerLiteral) and isinstance(nr, types.IntegerLiteral)):
         return None
-    rows_n, blocks_n = mr.literal_value, nr.literal_value
     sig = types.none(a, levels, norms, scales, m0, mr, nr, out)
 
     def codegen(context, builder, signature, args):
         a_v, l_v, n_v, s_v, m0_v, _, _, o_v = args
-        A = context.make_array(signature.args[0])(context, builder, a_v)
-        L = context.make_array(signature.args[1])(context, builder, l_v)
-        N = context.make_array(signature.args[2])(context, builder, n_v)
-        S = context.make_array(signature.args[3])(context, builder, s_v)
-        O = context.make_array(signature.args[7])(context, builder, o_v)
-        vi, vf = ir.VectorType(_I32, COLUMNS), ir.VectorType(_F32, COLUMNS)
-        dot = _declare(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
-        fma = _declare(builder, "llvm.fma.v16f32", vf, [vf, vf, vf])
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 7)]
+        A, L, N, S, O = arrays
         m0 = context.cast(builder, m0_v, signature.args[4], types.intp)
         pairs = cgutils.unpack_tuple(builder, L.shape, 3)[1]
-        groups = cgutils.unpack_tuple(builder, N.shape, 3)[1]
-        group_pairs = builder.sdiv(pairs, groups)
-        a_stride = builder.sdiv(cgutils.unpack_tuple(builder, A.strides, 2)[0], ir.Constant(_I64, 4))  # int16 pairs
-        s_stride = builder.sdiv(cgutils.unpack_tuple(builder, S.strides, 1)[0], ir.Constant(_I64, 4))
-        o_stride = builder.sdiv(cgutils.unpack_tuple(builder, O.strides, 2)[0], ir.Constant(_I64, 4))
-        a32 = builder.bitcast(A.data, ir.PointerType(_I32))
-        lvec = builder.bitcast(L.data, ir.PointerType(vi))
-        nvec = builder.bitcast(N.data, ir.PointerType(vf))
-        row_ptr = [builder.gep(a32, [builder.mul(builder.add(m0, ir.Constant(_I64, i)), a_stride)])
-                   for i in range(rows_n)]
-        lev_ptr = [builder.gep(lvec, [builder.mul(ir.Constant(_I64, j), pairs)]) for j in range(blocks_n)]
-        nrm_ptr = [builder.gep(nvec, [builder.mul(ir.Constant(_I64, j), groups)]) for j in range(blocks_n)]
-        zero_i, zero_f = ir.Constant(vi, [0] * COLUMNS), ir.Constant(vf, [0.0] * COLUMNS)
-        acc_f = [[cgutils.alloca_once_value(builder, zero_f) for _ in range(blocks_n)] for _ in range(rows_n)]
-        acc_i = [[cgutils.alloca_once_value(builder, zero_i) for _ in range(blocks_n)] for _ in range(rows_n)]
-        with cgutils.for_range(builder, groups) as group_loop:
-            g = group_loop.index
-            for i in range(rows_n):
-                for j in range(blocks_n):
-                    builder.store(zero_i, acc_i[i][j])
-            first = builder.mul(g, group_pairs)
-            with cgutils.for_range(builder, group_pairs) as pair_loop:
-                p = builder.add(first, pair_loop.index)
-                lev = [builder.load(builder.gep(lev_ptr[j], [p]), align=4) for j in range(blocks_n)]
-                for i in range(rows_n):
-                    pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), _I32, COLUMNS)
-                    for j in range(blocks_n):
-                        builder.store(builder.call(dot, [builder.load(acc_i[i][j]), pair, lev[j]]), acc_i[i][j])
-            nrm = [builder.load(builder.gep(nrm_ptr[j], [g]), align=4) for j in range(blocks_n)]
-            for i in range(rows_n):
-                for j in range(blocks_n):
-                    total = builder.sitofp(builder.load(acc_i[i][j]), vf)
-                    builder.store(builder.call(fma, [total, nrm[j], builder.load(acc_f[i][j])]), acc_f[i][j])
-        for i in range(rows_n):
-            m = builder.add(m0, ir.Constant(_I64, i))
-            scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), _F32, COLUMNS)
-            for j in range(blocks_n):
-                dst = builder.gep(O.data, [builder.add(builder.mul(m, o_stride), ir.Constant(_I64, COLUMNS * j))])
-                builder.store(builder.fmul(builder.load(acc_f[i][j]), scale),
-                              builder.bitcast(dst, ir.PointerType(vf)), align=4)
+        lvec = builder.bitcast(L.data, ir.PointerType(ir.VectorType(_I16, PAIR_LANES)))
+
+        def level_at(j, p):
+            return builder.load(builder.gep(lvec, [builder.add(builder.mul(ir.Constant(_I64, j), pairs), p)]), align=4)
+
+        _tile_body(context, builder, A, N, S, O, m0, pairs, mr.literal_value, nr.literal_value, level_at)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def _tile_codes(typingctx, a, codes, table, norms, scales, m0, mr, nr, bits, out):
+    """`_tile` reading the packed codes (`vnni_codes`' layout, sliced to the tile's first block)
+    and expanding each block's levels in registers as it goes (`_expand`'s arithmetic, no
+    scratch): for a few rows (a decoder step's beams), where a scratch written once is read by too
+    few rows to pay for its stores. table (32,) int16; bits: a literal 2 or 4."""
+    if not all(isinstance(v, types.IntegerLiteral) for v in (mr, nr, bits)):
+        return None
+    b = bits.literal_value
+    sig = types.none(a, codes, table, norms, scales, m0, mr, nr, bits, out)
+
+    def codegen(context, builder, signature, args):
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 9)]
+        A, C, T, N, S, O = arrays
+        m0 = context.cast(builder, args[5], signature.args[5], types.intp)
+        pairs = cgutils.unpack_tuple(builder, C.shape, 3)[1]
+        src = builder.bitcast(C.data, _words_type(b))
+        ex = _expansion(builder, T.data, b)
+
+        def level_at(j, p):
+            return _expand_pair(builder, ex, builder.gep(src, [builder.add(builder.mul(ir.Constant(_I64, j), pairs), p)]))
+
+        _tile_body(context, builder, A, N, S, O, m0, pairs, mr.literal_value, nr.literal_value, level_at)
         return context.get_dummy_value()
 
     return sig, codegen
