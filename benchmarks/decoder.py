@@ -13,6 +13,9 @@ the input embedding) are widened to --vocab rows of random CQ4 codes. The contex
 beams to random parents, as a search does. "Transcription" = start (cross K/V of every layer),
 the 2-token prompt, then --tokens 5-beam steps: tokens/s = tokens / that wall time.
 
+On a CPU with the integer products (kernels/integer.py) the engine runs them, and the same engine
+on the float products (WHISTLE_INTEGER=0's path) is timed beside it, step by step, in the same run.
+
 Step times are measured twice: alternating one engine step with one baseline step (so machine load
 hits both alike, but each engine step starts with caches the baseline's float32 sweep emptied), and
 in blocks of 10 engine steps back to back, as a beam search runs them.
@@ -246,6 +249,13 @@ def main() -> None:
     cact = CactFile(path)
     dec = Decoder(cact)
     head = widen_head(dec, cact, args.vocab) if args.vocab else cact.array("embedding")
+    floats = None   # the same engine on the float products, where the integer ones run
+    if kernels.INTEGER_PRODUCTS:
+        kernels.INTEGER_PRODUCTS = False
+        floats = Decoder(cact)
+        if args.vocab:
+            widen_head(floats, cact, args.vocab)
+        kernels.INTEGER_PRODUCTS = True
     base = NumpyDecoder(dec, cact, head)
     d = dec.dims
     rng = np.random.default_rng(0)
@@ -262,6 +272,11 @@ def main() -> None:
     zero = np.zeros(args.beams, np.int64)
     first = rng.integers(3, d.text_vocab, args.beams)
     ours_first = dec.step(state, zero, first)
+    if floats is not None:
+        floats.logits(enc[:8], prompt[:3])
+        float_state = floats.start(enc, beams=args.beams)
+        floats.feed(float_state, prompt)
+        floats.step(float_state, zero, first)
     for tok in prompt:
         base.step(np.zeros(1, np.int64), np.array([tok]))
     theirs_first = base.step(zero, first)
@@ -274,23 +289,35 @@ def main() -> None:
     print(f"engine start (cross K/V of every layer over {args.frames} frames): best {min(starts) * 1e3:.1f} ms")
 
     names = {t: f"engine {t}T" for t in settings}
-    times = {**{names[t]: [] for t in settings}, "numpy": []}
+    float_names = {t: f"float products {t}T" for t in settings} if floats is not None else {}
+    times = {**{names[t]: [] for t in settings}, **{float_names[t]: [] for t in float_names}, "numpy": []}
     agree = [np.abs(ours_first - theirs_first).max()]
     top1 = [bool((ours_first.argmax(1) == theirs_first.argmax(1)).all())]
     for t in settings:  # warm each setting's pool
         kernels.set_threads(t)
         dec.logits(enc[:8], prompt[:3])
+        if floats is not None:
+            floats.logits(enc[:8], prompt[:3])
     for i in range(args.steps):  # alternate so machine load hits every side alike
         threads = settings[i % len(settings)]
         kernels.set_threads(threads)
         parents = rng.integers(0, args.beams, args.beams)
         tokens = rng.integers(3, d.text_vocab, args.beams)
-        t0 = time.perf_counter()
-        a = dec.step(state, parents, tokens)
+        if floats is not None:   # the two engines take turns at following the baseline's sweep
+            order = [(dec, state, names), (floats, float_state, float_names)][::1 if i % 2 else -1]
+            for engine, st, label in order:
+                t0 = time.perf_counter()
+                out = engine.step(st, parents, tokens)
+                times[label[threads]].append(time.perf_counter() - t0)
+                if engine is dec:
+                    a = out
+        else:
+            t0 = time.perf_counter()
+            a = dec.step(state, parents, tokens)
+            times[names[threads]].append(time.perf_counter() - t0)
         t1 = time.perf_counter()
         b = base.step(parents, tokens)
         t2 = time.perf_counter()
-        times[names[threads]].append(t1 - t0)
         times["numpy"].append(t2 - t1)
         agree.append(np.abs(a - b).max())
         top1.append(bool((a.argmax(1) == b.argmax(1)).all()))
@@ -304,29 +331,32 @@ def main() -> None:
     # The steps above alternate with the baseline's, which sweeps ~100 MB of float32 weights
     # between two engine steps (every engine step starts with cold caches). A search runs its steps
     # back to back: blocks of 10 consecutive engine steps from context 50, a fresh state each block.
+    engines = [(dec, names)] + ([(floats, float_names)] if floats is not None else [])
     for threads in settings:
         kernels.set_threads(threads)
-        run = []
-        for _ in range(max(1, args.steps // 10)):
-            st = dec.start(enc, beams=args.beams)
-            dec.feed(st, prompt)
-            dec.step(st, zero, first)
-            for _ in range(10):
-                parents, tokens = rng.integers(0, args.beams, args.beams), rng.integers(3, d.text_vocab, args.beams)
-                t0 = time.perf_counter()
-                dec.step(st, parents, tokens)
-                run.append(time.perf_counter() - t0)
-        run = np.array(run) * 1e3
-        print(f"{names[threads]:>9} 5-beam step back to back at context {args.context}..{args.context + 10}: "
-              f"best {run.min():.2f} ms, median {np.median(run):.2f} ms ({len(run)} steps)")
+        runs = {id(engine): [] for engine, _ in engines}
+        for block in range(max(1, args.steps // 10)):
+            for engine, _ in engines[::1 if block % 2 else -1]:   # blocks of each engine in turn
+                st = engine.start(enc, beams=args.beams)
+                engine.feed(st, prompt)
+                engine.step(st, zero, first)
+                for _ in range(10):
+                    parents, tokens = rng.integers(0, args.beams, args.beams), rng.integers(3, d.text_vocab, args.beams)
+                    t0 = time.perf_counter()
+                    engine.step(st, parents, tokens)
+                    runs[id(engine)].append(time.perf_counter() - t0)
+        for engine, label in engines:
+            run = np.array(runs[id(engine)]) * 1e3
+            print(f"{label[threads]:>9} 5-beam step back to back at context {args.context}..{args.context + 10}: "
+                  f"best {run.min():.2f} ms, median {np.median(run):.2f} ms ({len(run)} steps)")
 
     def transcribe(impl) -> float:
         t0 = time.perf_counter()
-        if impl is dec:
-            st = dec.start(enc, beams=args.beams)
-            dec.feed(st, prompt[:2])
+        if impl is not base:
+            st = impl.start(enc, beams=args.beams)
+            impl.feed(st, prompt[:2])
             for _ in range(args.tokens):
-                dec.step(st, rng.integers(0, st.rows, args.beams), rng.integers(3, d.text_vocab, args.beams))
+                impl.step(st, rng.integers(0, st.rows, args.beams), rng.integers(3, d.text_vocab, args.beams))
         else:
             base.start(enc)
             for tok in prompt[:2]:
@@ -339,9 +369,10 @@ def main() -> None:
 
     for threads in settings:
         kernels.set_threads(threads)
-        best = min(transcribe(dec) for _ in range(2))
-        print(f"{names[threads]:>9} 30 s transcription ({args.tokens} tokens, {args.beams} beams): {best:.2f} s, "
-              f"{args.tokens / best:.0f} tokens/s")
+        for engine, label in engines:
+            best = min(transcribe(engine) for _ in range(2))
+            print(f"{label[threads]:>9} 30 s transcription ({args.tokens} tokens, {args.beams} beams): {best:.2f} s, "
+                  f"{args.tokens / best:.0f} tokens/s")
     best = transcribe(base)
     print(f"{'numpy':>9} 30 s transcription ({args.tokens} tokens, {args.beams} beams): {best:.2f} s, "
           f"{args.tokens / best:.0f} tokens/s")

@@ -40,12 +40,12 @@ def twin_quant_rotate(x, group, k_pad):
     return (q.reshape(len(q), -1, group) @ signs).reshape(len(q), k_pad), scale
 
 
-def twin_integer_gemm(a, levels, group):
-    """Integer products summed per group in int64, then the groups in order in float32, as
+def twin_integer_gemm(a, levels, span):
+    """Integer products summed per span of inputs in int64, then the spans in order in float32, as
     `_integer_gemm` adds them with every norm and scale 1: a (R, K_pad), levels (N, K_pad)."""
     rows, k_pad = a.shape
-    sums = np.einsum("rgk,ngk->rng", a.reshape(rows, -1, group).astype(np.int64),
-                     levels.reshape(len(levels), -1, group).astype(np.int64))
+    sums = np.einsum("rgk,ngk->rng", a.reshape(rows, -1, span).astype(np.int64),
+                     levels.reshape(len(levels), -1, span).astype(np.int64))
     out = np.zeros(sums.shape[:2], np.float32)
     for g in range(sums.shape[2]):
         out = out + sums[:, :, g].astype(np.float32)
@@ -284,15 +284,16 @@ def test_vnni_codes_put_each_pair_of_inputs_of_sixteen_columns_in_one_vector():
             assert got == codes[16 * b + column, 2 * p + which]
 
 
-def _integer_case(rng, bits, rows, columns, k_pad, group=128):
+def _integer_case(rng, bits, rows, columns, k_pad, group=128, span=128):
     codes = rng.integers(0, 1 << bits, (columns, k_pad)).astype(np.uint8)
     codes[0] = rng.integers(0, 2, k_pad)     # column 0: the extreme levels only
-    ints = rng.integers(-KI.LEVEL_LIMIT, KI.LEVEL_LIMIT + 1, 1 << bits).astype(np.int16)
-    ints[:2] = KI.LEVEL_LIMIT, -KI.LEVEL_LIMIT
+    limit = KI.level_limit(span)
+    ints = rng.integers(-limit, limit + 1, 1 << bits).astype(np.int16)
+    ints[:2] = limit, -limit
     table = np.zeros(KI.PAIR_LANES, np.int16)
     table[:ints.size] = ints
     ones = KI.block_norms(np.ones((columns, k_pad // group), np.float32))
-    w = KI.IntegerMatrix(KI.vnni_codes(codes, bits), table, ones, bits, group)
+    w = KI.IntegerMatrix(KI.vnni_codes(codes, bits), table, ones, bits, group, span)
     return w, ints[codes]
 
 
@@ -306,21 +307,24 @@ def test_integer_products_equal_their_int64_twin_exactly(bits, rows, columns):
     float32 sum of the int64 group sums, bit for bit: activations anywhere in int16's rotated
     range, levels up to LEVEL_LIMIT, and rows whose rotation lines up with a column's levels
     (sums near the int32 bound)."""
-    rng = np.random.default_rng([bits, rows, columns])
-    k_pad = 384
-    w, levels = _integer_case(rng, bits, rows, columns, k_pad)
-    q = rng.integers(-127, 128, (rows, k_pad))
-    q[0] = 0
-    for g in range(k_pad // 128):   # row 0: codes whose rotation is column 0's levels, scaled to 127
-        aligned = levels[0, 128 * g:128 * (g + 1)] @ np.rint(walsh_hadamard(128) * np.sqrt(128))
-        q[0, 128 * g:128 * (g + 1)] = np.rint(127 * aligned / np.abs(aligned).max())
-    signs = np.rint(walsh_hadamard(128) * np.sqrt(128)).astype(np.int64)
-    a = (q.reshape(rows, -1, 128) @ signs).reshape(rows, k_pad).astype(np.int16)
-    out = np.full((rows, columns), np.nan, np.float32)
-    K._integer_gemm(a, np.ones(rows, np.float32), w, 0, columns // 16, out)
-    want, sums = twin_integer_gemm(a, levels, 128)
-    assert np.abs(sums).max() < 2**31 and np.abs(sums[0, 0]).max() > 2**29  # near the bound, inside it
-    np.testing.assert_array_equal(out, want)
+    for span in (128, 16):   # a whole group's grid, and the finest (levels up to 32767)
+        rng = np.random.default_rng([bits, rows, columns, span])
+        k_pad = 384
+        w, levels = _integer_case(rng, bits, rows, columns, k_pad, span=span)
+        q = rng.integers(-127, 128, (rows, k_pad))
+        q[0] = 0
+        signs = np.rint(walsh_hadamard(128) * np.sqrt(128)).astype(np.int64)
+        for g in range(k_pad // 128):   # row 0: codes whose rotation is column 0's levels, scaled to 127
+            aligned = np.zeros(128)
+            aligned[:span] = levels[0, 128 * g:128 * g + span]   # on the group's first span only
+            aligned = aligned @ signs
+            q[0, 128 * g:128 * (g + 1)] = np.rint(127 * aligned / np.abs(aligned).max())
+        a = (q.reshape(rows, -1, 128) @ signs).reshape(rows, k_pad).astype(np.int16)
+        out = np.full((rows, columns), np.nan, np.float32)
+        K._integer_gemm(a, np.ones(rows, np.float32), w, 0, columns // 16, out)
+        want, sums = twin_integer_gemm(a, levels, span)
+        assert np.abs(sums).max() < 2**31 and np.abs(sums[0, 0]).max() > 2**28  # near the bound, inside it
+        np.testing.assert_array_equal(out, want)
 
 
 @needs_vnni
@@ -331,7 +335,7 @@ def test_integer_products_of_some_column_blocks_write_only_those():
     a = a.astype(np.int16)
     out = np.full((6, 80), np.nan, np.float32)
     K._integer_gemm(a, np.ones(6, np.float32), w, 1, 4, out)
-    want, _ = twin_integer_gemm(a, levels, 128)
+    want, _ = twin_integer_gemm(a, levels, w.span)
     np.testing.assert_array_equal(out[:, 16:64], want[:, 16:64])
     assert np.isnan(out[:, :16]).all() and np.isnan(out[:, 64:]).all()
 
@@ -344,14 +348,14 @@ def test_cq_linear_quantised_is_the_product_of_the_fake_quantised_rows(bits, row
     float path's fake-quant and product, bit for bit; a split over two threads changes no bit."""
     monkeypatch.setattr(K, "INTEGER_PRODUCTS", KI.AVAILABLE)
     rng = np.random.default_rng(bits)
-    parts = [_cq_matrix(rng, bits, n, 200) for n in (48, 16, 32)]
+    parts = [_cq_matrix(rng, bits, n, 200) for n in (48, 16, 37)]   # 101 outputs: padded to 7 blocks
     layer = B.CQLinear([p for p, _ in parts], integer=True)
     if KI.AVAILABLE:   # a random codebook is off the grid: its integer products taken by hand
         layer.integer = B.integer_matrix([p for p, _ in parts], tolerance=1.0)
     x = rng.standard_normal((rows, 200)).astype(np.float32)
     want = twin_fake_quant(x).astype(np.float64) @ np.concatenate([d for _, d in parts]).T
     got = layer.quantised(x)
-    assert got.dtype == np.float32 and got.shape == (rows, 96)
+    assert got.dtype == np.float32 and got.shape == (rows, 101) and got.flags.c_contiguous
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     monkeypatch.setattr(K, "GEMM_THREADS", 2)
     monkeypatch.setattr(K, "GEMM_SPLIT_ROWS", 8)
@@ -363,14 +367,16 @@ def test_cq_linear_quantised_is_the_product_of_the_fake_quantised_rows(bits, row
 
 
 def test_cq_linear_quantised_takes_the_float_path_where_the_integer_one_does_not_fit(monkeypatch):
-    """Outputs not a multiple of 16 columns: the float path, its packed form built at once (with
-    the integer products it is built only when the float path is first called)."""
+    """Groups over integer.MAX_GROUP inputs (whose sums the integer levels cannot keep exact): the
+    float path, its packed form built at once (with the integer products it is built only when
+    the float path is first called)."""
     monkeypatch.setattr(K, "INTEGER_PRODUCTS", KI.AVAILABLE)
     rng = np.random.default_rng(11)
-    odd = B.CQLinear([_cq_matrix(rng, 2, 40, 128)[0]], integer=True)
-    assert odd.integer is None and odd._packed is not None
-    x = rng.standard_normal((60, 128)).astype(np.float32)
-    np.testing.assert_array_equal(odd.quantised(x), odd(B.fake_quant_int8(x)))
+    wide = B.CQLinear([_cq_matrix(rng, 2, 40, 256, group=256)[0]], integer=True)
+    assert wide.integer is None and wide._packed is not None
+    x = rng.standard_normal((60, 256)).astype(np.float32)
+    np.testing.assert_array_equal(wide.quantised(x), wide(B.fake_quant_int8(x)))
+    x = x[:, :128]
     if KI.AVAILABLE:
         part = _cq_matrix(rng, 2, 32, 128)[0]
         layer = B.CQLinear([part], integer=True)
@@ -406,8 +412,10 @@ def test_the_integer_products_run_where_they_can_unless_turned_off(monkeypatch):
 
 
 def test_only_a_codebook_on_the_integer_grid_takes_the_integer_products():
-    """needle's 2-bit codebook fits the int16 grid within LEVEL_TOLERANCE, its 4-bit one does not
-    (the float path keeps the demo model's parity); shapes the tiles cannot take are refused."""
+    """needle's 2-bit codebook fits a whole group's integer grid within LEVEL_TOLERANCE; its 4-bit
+    one fits none (the encoder's float products keep it exact), but the decoder's float products
+    take it on the finest grid already, whose 16-input spans then hold it exactly; outputs are
+    padded to whole column blocks."""
     rng = np.random.default_rng(3)
     needle_2bit = np.array([-0.13317214, -0.03990209, 0.04003528, 0.13346045], np.float32)
     needle_4bit = np.array([-0.23953155, -0.18070605, -0.14095794, -0.10901255, -0.08151297, -0.05652765,
@@ -419,10 +427,15 @@ def test_only_a_codebook_on_the_integer_grid_takes_the_integer_products():
         codes = rng.integers(0, codebook.size, (rows, 128)).astype(np.uint8)
         return _Packed(codes, np.ones((rows, 1), np.float16), codebook, bits, 128, (rows, 128))
 
-    assert B.integer_matrix([cq(needle_2bit)]) is not None
+    assert B.integer_matrix([cq(needle_2bit)]).span == 128
+    assert B.integer_matrix([cq(needle_2bit)], levels=B.decoder_levels(needle_2bit, 2)).span == 128
     assert B.integer_matrix([cq(needle_4bit)]) is None
-    assert B.integer_matrix([cq(needle_4bit)], tolerance=1.0) is not None
-    assert B.integer_matrix([cq(needle_2bit, rows=40)]) is None   # not whole 16-column blocks
+    assert B.integer_matrix([cq(needle_4bit)], tolerance=1e-5).span == 16     # 9.2e-6 off
+    assert B.integer_matrix([cq(needle_4bit)], tolerance=1.0).span == 128
+    decoder_4bit = B.integer_matrix([cq(needle_4bit)], levels=B.decoder_levels(needle_4bit, 4))
+    ints, unit = B.integer_levels(needle_4bit)
+    assert decoder_4bit.span == 16 and np.array_equal(decoder_4bit.table[:16], ints)
+    assert B.integer_matrix([cq(needle_2bit, rows=40)]).codes.shape[0] == 3   # padded to whole 16-column blocks
 
 
 def test_cq_linear_of_a_width_it_cannot_keep_packed_is_a_dense_linear(tmp_path):

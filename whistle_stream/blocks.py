@@ -253,7 +253,7 @@ def packed_levels(cqs, integer: bool = False) -> tuple[np.ndarray, np.ndarray, n
                          "and one input size")
     codes = [interleave(c.codes(), first.bits) for c in cqs]
     if integer and first.bits == 4:
-        ints, unit = integer_levels(first.codebook)
+        ints, unit = integer_levels(first.codebook)   # the grid `decoder_levels` describes
         levels, scale = ints.astype(np.float32), np.float32(unit)
     else:
         levels, scale = np.ascontiguousarray(first.codebook, np.float32), np.float32(1.0)
@@ -364,44 +364,71 @@ class CQLinear:
         q = np.empty((rows, self.k_pad), np.int16)
         scales = np.empty(rows, np.float32)
         _split_rows(lambda a, b: K._quant_rotate_rows(x[a:b], self.group, q[a:b], scales[a:b]), rows, x.size)
-        out = np.empty((rows, self.shape[0]), np.float32)
-        blocks = self.shape[0] // KI.COLUMNS
+        blocks = self.integer.codes.shape[0]
+        out = np.empty((rows, KI.COLUMNS * blocks), np.float32)
         if K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS:
             run_split(lambda a, b: K._integer_gemm(q, scales, self.integer, a, b, out), blocks)
         else:
             K._integer_gemm(q, scales, self.integer, 0, blocks, out)
-        return out
+        return unpadded(out, self.shape[0])
 
 
-def integer_form(cqs) -> "KI.IntegerMatrix | None":
+def unpadded(out: np.ndarray, columns: int) -> np.ndarray:
+    """The first `columns` of an integer product's output (its matrix padded to whole 16-column
+    blocks), contiguous."""
+    return out if out.shape[1] == columns else np.ascontiguousarray(out[:, :columns])
+
+
+def integer_form(cqs, levels: np.ndarray | None = None) -> "KI.IntegerMatrix | None":
     """Stacked CQ matrices' integer form where the integer products run here
-    (`kernels.INTEGER_PRODUCTS`) and the matrices fit them (`integer_matrix`), else None."""
-    return integer_matrix(cqs) if K.INTEGER_PRODUCTS and KI.AVAILABLE else None
+    (`kernels.INTEGER_PRODUCTS`) and the matrices fit them (`integer_matrix`, near `levels`), else
+    None."""
+    return integer_matrix(cqs, levels=levels) if K.INTEGER_PRODUCTS and KI.AVAILABLE else None
 
 
-def integer_matrix(cqs, tolerance: float = KI.LEVEL_TOLERANCE) -> "KI.IntegerMatrix | None":
+def integer_matrix(cqs, tolerance: float = KI.LEVEL_TOLERANCE,
+                   levels: np.ndarray | None = None) -> "KI.IntegerMatrix | None":
     """Stacked CQ matrices (as `packed_levels` takes them) for the integer products, or None when
-    they do not fit them (outputs of each a multiple of 16 columns, a power-of-two group up to
-    `integer.MAX_GROUP`, the codebook on the integer grid within `tolerance` of its largest
-    level): their level indices in `integer.vnni_codes`' layout, the codebook as integers up to
-    `integer.LEVEL_LIMIT` and the norms times its unit over sqrt(group)."""
+    they do not fit them (a power-of-two group up to `integer.MAX_GROUP`, an integer grid within
+    `tolerance` of the largest level of `levels`, the levels the float products multiply by: the
+    codebook's own unless given): their level indices in
+    `integer.vnni_codes`' layout, padded with zero columns to whole 16-column blocks (their outputs
+    are 0: `unpadded` drops them), the codebook as integers up to
+    `integer.level_limit(span)` for the longest span of `integer.SPANS` (at most the group) whose
+    grid holds it, and the norms times its unit over sqrt(group)."""
     first = cqs[0]
     group = first.group
-    if (any(c.shape[0] % KI.COLUMNS for c in cqs) or group > KI.MAX_GROUP or group < 2
-            or group & (group - 1)):
+    if group > KI.MAX_GROUP or group < 2 or group & (group - 1):
         return None
-    ints, unit = integer_levels(first.codebook, KI.LEVEL_LIMIT)
-    codebook = np.asarray(first.codebook, np.float64)
-    if np.abs(ints * unit - codebook).max() > tolerance * np.abs(codebook).max():
+    codebook = np.asarray(first.codebook if levels is None else levels, np.float64)
+    for span in sorted({min(span, group) for span in KI.SPANS}, reverse=True):
+        ints, unit = integer_levels(first.codebook, KI.level_limit(span))
+        if np.abs(ints * unit - codebook).max() <= tolerance * np.abs(codebook).max():
+            break
+    else:
         return None
     table = np.zeros(KI.PAIR_LANES, np.int16)
     table[:ints.size] = ints
-    codes = np.concatenate([KI.vnni_codes(c.codes(), first.bits) for c in cqs])
+    pad = (-sum(c.shape[0] for c in cqs)) % KI.COLUMNS
+    codes = np.concatenate([c.codes() for c in cqs] + [np.zeros((pad, first.in_pad), np.uint8)])
+    codes = KI.vnni_codes(codes, first.bits)
     scale = np.float32(unit / np.sqrt(group))
-    norms = KI.block_norms(np.concatenate([np.asarray(c.norms, np.float32) for c in cqs]) * scale)
+    norms = np.concatenate([np.asarray(c.norms, np.float32) for c in cqs] + [np.zeros((pad, first.in_pad // group),
+                                                                                       np.float32)])
+    norms = KI.block_norms(norms * scale)
     for a in (codes, table, norms):
         a.setflags(write=False)
-    return KI.IntegerMatrix(codes, table, norms, first.bits, group)
+    return KI.IntegerMatrix(codes, table, norms, first.bits, group, span)
+
+
+def decoder_levels(codebook: np.ndarray, bits: int) -> np.ndarray:
+    """The levels the decoder's float products multiply a codebook's indices by: 4-bit ones and
+    those kept as int16 level codes (`RotatedLinear`) on the int16 grid (`integer_levels`), 2-bit
+    ones exact (`packed_levels` with integer=True)."""
+    if bits == 2:
+        return np.asarray(codebook, np.float64)
+    ints, unit = integer_levels(codebook)
+    return ints * unit
 
 
 def _level_unit(codebook: np.ndarray, limit: int = 32767) -> float:

@@ -696,19 +696,19 @@ def _integer_gemm(a, scales, w, first, last, out):
         o = out[:, _integer.COLUMNS * b:]
         if nr == 3:
             for m in range(0, full, _MR):
-                _tile(a, buf, nrm, scales, m, 4, 3, o)
+                _tile(a, buf, nrm, scales, m, w.span, 4, 3, o)
             for m in range(full, rows):
-                _tile(a, buf, nrm, scales, m, 1, 3, o)
+                _tile(a, buf, nrm, scales, m, w.span, 1, 3, o)
         elif nr == 2:
             for m in range(0, full, _MR):
-                _tile(a, buf, nrm, scales, m, 4, 2, o)
+                _tile(a, buf, nrm, scales, m, w.span, 4, 2, o)
             for m in range(full, rows):
-                _tile(a, buf, nrm, scales, m, 1, 2, o)
+                _tile(a, buf, nrm, scales, m, w.span, 1, 2, o)
         else:
             for m in range(0, full, _MR):
-                _tile(a, buf, nrm, scales, m, 4, 1, o)
+                _tile(a, buf, nrm, scales, m, w.span, 4, 1, o)
             for m in range(full, rows):
-                _tile(a, buf, nrm, scales, m, 1, 1, o)
+                _tile(a, buf, nrm, scales, m, w.span, 1, 1, o)
         b += nr
 
 
@@ -738,16 +738,16 @@ def _few_tiles(a, scales, w, b, last, m, mr, out):
     codes, nrm, o = w.codes[b:], w.norms[b:], out[:, _integer.COLUMNS * b:]
     if w.bits == 2:
         if nr == 3:
-            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 3, 2, o)
+            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 3, 2, o)
         elif nr == 2:
-            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 2, 2, o)
+            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 2, 2, o)
         else:
-            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 1, 2, o)
+            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 1, 2, o)
     else:
         if nr == 3:
-            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 3, 4, o)
+            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 3, 4, o)
         elif nr == 2:
-            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 2, 4, o)
+            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 2, 4, o)
         else:
-            _tile_codes(a, codes, w.table, nrm, scales, m, mr, 1, 4, o)
+            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 1, 4, o)
     return b + nr

@@ -19,7 +19,7 @@ from . import (
     _integer_gemm, _lane_combine, _lane_mix, _quant_rotate_rows, _rms_unit_rows, _rope_rows, _sinkhorn_rows,
     _zc_rmsnorm_rows,
 )
-from .integer import IntegerMatrix
+from .integer import COLUMNS as BLOCK_COLUMNS, IntegerMatrix
 from .simd import LANES, _tile5
 
 
@@ -417,11 +417,17 @@ def _quant_product(h, w, out):
     fake-quantised rows rotated (`_quant_rotate`) through the float `_product`."""
     rows = h.shape[0]
     iw = w.integer
-    if iw.codes.shape[0]:
+    blocks = iw.codes.shape[0]
+    if blocks:
         q = np.empty((rows, 2 * iw.codes.shape[1]), np.int16)
         scales = np.empty(rows, np.float32)
         _quant_rotate_rows(h, w.group, q, scales)
-        _integer_gemm(q, scales, iw, 0, iw.codes.shape[0], out)
+        if BLOCK_COLUMNS * blocks == out.shape[1]:
+            _integer_gemm(q, scales, iw, 0, blocks, out)
+        else:   # the matrix padded to whole 16-column blocks
+            full = np.empty((rows, BLOCK_COLUMNS * blocks), np.float32)
+            _integer_gemm(q, scales, iw, 0, blocks, full)
+            out[:] = full[:, :out.shape[1]]
     else:
         hr = np.zeros((rows, w.norms.shape[1] * w.group), np.float32)
         _quant_rotate(h, w.group, hr)

@@ -7,21 +7,24 @@ A product the reference computes as fake_quant_int8(x) @ W.T, with W's 128-group
 
 with q the row's int8 codes (scale = absmax / 127, the reference's rule), H' the Hadamard matrix
 without its 1/sqrt(group) (so q @ H' are integers within +-128 * group: int16), and L the
-codebook as integers of magnitude <= LEVEL_LIMIT with their unit (codebook ~= L * unit). A
-group's sum of 128 products is then an integer inside int32 (LEVEL_LIMIT's bound), so
-vpdpwssd (int16 pairs into int32 lanes, 32 multiply-adds per instruction, twice the float32 FMA's
-rate) computes it exactly: its adds wrap, and a sum inside int32 comes out right whatever its
-partial sums did. Each group's int32 sums are scaled by their norms in float32.
+codebook as integers of magnitude <= level_limit(span) with their unit (codebook ~= L * unit).
+A sum of `span` of a group's products is then an integer inside int32 (`level_limit`'s bound),
+so vpdpwssd (int16 pairs into int32 lanes, 32 multiply-adds per instruction, twice the float32
+FMA's rate) computes it exactly: its adds wrap, and a sum inside int32 comes out right whatever
+its partial sums did. Each span's int32 sums are scaled by their group's norms in float32. The
+span is the longest of SPANS whose grid holds the float products' levels within LEVEL_TOLERANCE:
+a whole group for needle's 2-bit codebook, 16 inputs for the decoder's 4-bit levels.
 
 The weights stay packed (2 or 4 bits a code) in `vnni_codes`' layout: for a block of 16 output
 columns and a pair of inputs, the 32 codes one vpdpwssd multiplies, in 2 * bits 16-bit words.
 `_expand` turns a column block's codes into int16 levels for the whole input (a shift, a mask and
 one vpermw table lookup per 32 weights) into a scratch that stays in the L1 cache while every
-row's tile (`_tile`: MR rows x NR column blocks in registers) reads it.
+row's tile (`_tile`: MR rows x NR column blocks in registers) reads it; for a few rows (a decoder
+step) `_tile_codes` expands them in registers as it goes.
 
 Only for CPUs with avx512vnni (and avx512bw's vpermw), only when the kernels compile for the
-host (`_target`), only for codebooks whose levels fit the integer grid within LEVEL_TOLERANCE,
-and not with WHISTLE_INTEGER=0: the float path (`blocks.CQLinear`) serves every other case.
+host (`_target`), only for codebooks whose levels fit an integer grid within LEVEL_TOLERANCE,
+and not with WHISTLE_INTEGER=0: the float products serve every other case.
 """
 
 from __future__ import annotations
@@ -43,19 +46,31 @@ from .simd import _declare, _splat
 _F32, _I16, _I32, _I64 = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 COLUMNS = 16      # output columns of a block: one int32 lane each in a 512-bit register
 PAIR_LANES = 32   # int16 lanes: the block's 16 columns x a pair of inputs
-MAX_GROUP = 128     # the largest group whose sums LEVEL_LIMIT keeps exact
-# A group's sum is at most ||q H'|| ||L|| = sqrt(G) ||q|| ||L|| <= sqrt(G) * 128 sqrt(G) * sqrt(G) Lmax
-# (Cauchy-Schwarz; H' / sqrt(G) is orthogonal): levels up to this keep it inside int32 (11585).
-LEVEL_LIMIT = int((2**31 - 1) // (128 * MAX_GROUP ** 1.5))
+MAX_GROUP = 128     # the largest group whose sums `level_limit` keeps exact
+# Inputs per exact int32 sum, longest first. A sum over `span` inputs of a group is at most
+# ||q H'|| ||L_span|| <= sqrt(G) ||q|| sqrt(span) Lmax <= 128 G sqrt(span) Lmax (Cauchy-Schwarz;
+# H' / sqrt(G) is orthogonal): a shorter span admits larger integer levels, so a finer grid
+# (`level_limit`: 11585 for a whole group of 128, 32767 for 16), for one more float multiply-add
+# per span and column.
+SPANS = (128, 64, 32, 16)
+
+
+def level_limit(span: int) -> int:
+    """The largest integer level whose sums over `span` inputs stay inside int32 (any int8 codes)."""
+    return min(int((2**31 - 1) // (128 * MAX_GROUP * span ** 0.5)), 32767)
+
 MR, NR = 4, 3       # the register tile: rows x column blocks (12 int32 + 12 float32 accumulators)
 
 
-# The largest error, relative to the largest level, of a codebook's levels on the integer grid
-# that keeps parity: needle's 2-bit codebook is within 4.7e-6 (the full architecture's encoder
-# holds a clip cosine of 0.999992 against the reference, the float path 0.999993); its 4-bit one
-# is 2.6e-5 away, which moved the demo model's int8 roundings enough to take its encoder from
-# 0.99994 to 0.99987 (the float path serves those).
-LEVEL_TOLERANCE = 1e-5
+# The largest error, relative to the largest level, of a codebook's levels on an integer grid
+# against the levels the float products multiply by, that keeps parity: needle's 2-bit codebook
+# is within 4.7e-6 on a whole group's grid (the full architecture's encoder holds a clip cosine of
+# 0.999992 against the reference, the float path 0.999993); its 4-bit one is 9.2e-6 away on the
+# finest grid (2.6e-5 on a whole group's), which took the 4-bit demo model's encoder below the
+# 0.9999 line on a noise clip: the encoder keeps the float products there. The decoder's float
+# products already take 4-bit levels on that finest grid (`blocks.packed_levels`), so its 4-bit
+# matrices (the head) take the integer products with the same levels.
+LEVEL_TOLERANCE = 5e-6
 ENV = "WHISTLE_INTEGER"  # "0": the float products everywhere
 
 
@@ -86,16 +101,17 @@ ENABLED = _enabled()
 class IntegerMatrix(NamedTuple):
     """A CQ matrix (or several stacked along their outputs) for `_integer_gemm`."""
     codes: np.ndarray   # level indices in `vnni_codes`' layout (N / 16, K_pad / 2, 2 * bits) uint16
-    table: np.ndarray   # (32,) int16: the integer levels (|level| <= LEVEL_LIMIT), zero padded
+    table: np.ndarray   # (32,) int16: the integer levels (|level| <= level_limit(span)), zero padded
     norms: np.ndarray   # (N / 16, G, 16) float32 (`block_norms`): norm x level unit / sqrt(group)
     bits: int           # 2 or 4
     group: int          # inputs per norm and Hadamard block, a power of two <= MAX_GROUP
+    span: int           # inputs per exact int32 sum (one of SPANS, dividing group)
 
 
 def absent() -> IntegerMatrix:
     """An IntegerMatrix of no column blocks: in a typed record, "this matrix takes the float path"."""
     return IntegerMatrix(np.zeros((0, 0, 4), np.uint16), np.zeros(PAIR_LANES, np.int16),
-                         np.zeros((0, 0, COLUMNS), np.float32), 2, MAX_GROUP)
+                         np.zeros((0, 0, COLUMNS), np.float32), 2, MAX_GROUP, MAX_GROUP)
 
 
 def vnni_codes(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -179,9 +195,10 @@ def _expand(typingctx, codes, table, block, slot, bits, out):
     return sig, codegen
 
 
-def _tile_body(context, builder, A, N, S, O, m0, pairs, rows_n: int, blocks_n: int, level_at):
+def _tile_body(context, builder, A, N, S, O, m0, pairs, span_pairs, rows_n: int, blocks_n: int, level_at):
     """The tile both `_tile` and `_tile_codes` emit: out rows m0 .. m0 + rows_n - 1, columns of
-    blocks_n blocks; level_at(j, p) gives block j's 32 int16 levels at input pair p."""
+    blocks_n blocks, an exact int32 sum per span_pairs input pairs; level_at(j, p) gives block j's
+    32 int16 levels at input pair p."""
     vi, vf = ir.VectorType(_I32, COLUMNS), ir.VectorType(_F32, COLUMNS)
     dot = _declare(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
     fma = _declare(builder, "llvm.fma.v16f32", vf, [vf, vf, vf])
@@ -200,22 +217,23 @@ def _tile_body(context, builder, A, N, S, O, m0, pairs, rows_n: int, blocks_n: i
     acc_i = [[cgutils.alloca_once_value(builder, zero_i) for _ in range(blocks_n)] for _ in range(rows_n)]
     with cgutils.for_range(builder, groups) as group_loop:
         g = group_loop.index
-        for i in range(rows_n):
-            for j in range(blocks_n):
-                builder.store(zero_i, acc_i[i][j])
-        first = builder.mul(g, group_pairs)
-        with cgutils.for_range(builder, group_pairs) as pair_loop:
-            p = builder.add(first, pair_loop.index)
-            lev = [builder.bitcast(level_at(j, p), vi) for j in range(blocks_n)]
-            for i in range(rows_n):
-                pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), _I32, COLUMNS)
-                for j in range(blocks_n):
-                    builder.store(builder.call(dot, [builder.load(acc_i[i][j]), pair, lev[j]]), acc_i[i][j])
         nrm = [builder.load(builder.gep(nrm_ptr[j], [g]), align=4) for j in range(blocks_n)]
-        for i in range(rows_n):
-            for j in range(blocks_n):
-                total = builder.sitofp(builder.load(acc_i[i][j]), vf)
-                builder.store(builder.call(fma, [total, nrm[j], builder.load(acc_f[i][j])]), acc_f[i][j])
+        with cgutils.for_range(builder, builder.sdiv(group_pairs, span_pairs)) as span_loop:
+            for i in range(rows_n):
+                for j in range(blocks_n):
+                    builder.store(zero_i, acc_i[i][j])
+            first = builder.add(builder.mul(g, group_pairs), builder.mul(span_loop.index, span_pairs))
+            with cgutils.for_range(builder, span_pairs) as pair_loop:
+                p = builder.add(first, pair_loop.index)
+                lev = [builder.bitcast(level_at(j, p), vi) for j in range(blocks_n)]
+                for i in range(rows_n):
+                    pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), _I32, COLUMNS)
+                    for j in range(blocks_n):
+                        builder.store(builder.call(dot, [builder.load(acc_i[i][j]), pair, lev[j]]), acc_i[i][j])
+            for i in range(rows_n):
+                for j in range(blocks_n):
+                    total = builder.sitofp(builder.load(acc_i[i][j]), vf)
+                    builder.store(builder.call(fma, [total, nrm[j], builder.load(acc_f[i][j])]), acc_f[i][j])
     for i in range(rows_n):
         m = builder.add(m0, ir.Constant(_I64, i))
         scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), _F32, COLUMNS)
@@ -226,34 +244,35 @@ def _tile_body(context, builder, A, N, S, O, m0, pairs, rows_n: int, blocks_n: i
 
 
 @intrinsic(prefer_literal=True)
-def _tile(typingctx, a, levels, norms, scales, m0, mr, nr, out):
-    """out[m0 + i, 16 j + c] = scales[m0 + i] * sum_g norms[j, g, c] * (int32 sum of group g of
-    a[m0 + i] times column c of block j), for i < mr, j < nr (literals): a (R, K_pad) int16
-    rotated activations, levels (>= nr, K_pad / 2, 32) int16 from `_expand`, norms (>= nr, G, 16)
-    float32, scales (R,) float32, out (R, >= 16 nr) float32 (any row stride)."""
+def _tile(typingctx, a, levels, norms, scales, m0, span, mr, nr, out):
+    """out[m0 + i, 16 j + c] = scales[m0 + i] * sum_g sum_s norms[j, g, c] * (int32 sum of span s
+    of group g of a[m0 + i] times column c of block j), for i < mr, j < nr (literals), spans of
+    `span` inputs: a (R, K_pad) int16 rotated activations, levels (>= nr, K_pad / 2, 32) int16
+    from `_expand`, norms (>= nr, G, 16) float32, scales (R,) float32, out (R, >= 16 nr) float32
+    (any row stride)."""
     if not (isinstance(mr, types.IntegerLiteral) and isinstance(nr, types.IntegerLiteral)):
         return None
-    sig = types.none(a, levels, norms, scales, m0, mr, nr, out)
+    sig = types.none(a, levels, norms, scales, m0, span, mr, nr, out)
 
     def codegen(context, builder, signature, args):
-        a_v, l_v, n_v, s_v, m0_v, _, _, o_v = args
-        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 7)]
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 8)]
         A, L, N, S, O = arrays
-        m0 = context.cast(builder, m0_v, signature.args[4], types.intp)
+        m0 = context.cast(builder, args[4], signature.args[4], types.intp)
+        span_pairs = builder.sdiv(context.cast(builder, args[5], signature.args[5], types.intp), ir.Constant(_I64, 2))
         pairs = cgutils.unpack_tuple(builder, L.shape, 3)[1]
         lvec = builder.bitcast(L.data, ir.PointerType(ir.VectorType(_I16, PAIR_LANES)))
 
         def level_at(j, p):
             return builder.load(builder.gep(lvec, [builder.add(builder.mul(ir.Constant(_I64, j), pairs), p)]), align=4)
 
-        _tile_body(context, builder, A, N, S, O, m0, pairs, mr.literal_value, nr.literal_value, level_at)
+        _tile_body(context, builder, A, N, S, O, m0, pairs, span_pairs, mr.literal_value, nr.literal_value, level_at)
         return context.get_dummy_value()
 
     return sig, codegen
 
 
 @intrinsic(prefer_literal=True)
-def _tile_codes(typingctx, a, codes, table, norms, scales, m0, mr, nr, bits, out):
+def _tile_codes(typingctx, a, codes, table, norms, scales, m0, span, mr, nr, bits, out):
     """`_tile` reading the packed codes (`vnni_codes`' layout, sliced to the tile's first block)
     and expanding each block's levels in registers as it goes (`_expand`'s arithmetic, no
     scratch): for a few rows (a decoder step's beams), where a scratch written once is read by too
@@ -261,12 +280,13 @@ def _tile_codes(typingctx, a, codes, table, norms, scales, m0, mr, nr, bits, out
     if not all(isinstance(v, types.IntegerLiteral) for v in (mr, nr, bits)):
         return None
     b = bits.literal_value
-    sig = types.none(a, codes, table, norms, scales, m0, mr, nr, bits, out)
+    sig = types.none(a, codes, table, norms, scales, m0, span, mr, nr, bits, out)
 
     def codegen(context, builder, signature, args):
-        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 9)]
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 1, 2, 3, 4, 10)]
         A, C, T, N, S, O = arrays
         m0 = context.cast(builder, args[5], signature.args[5], types.intp)
+        span_pairs = builder.sdiv(context.cast(builder, args[6], signature.args[6], types.intp), ir.Constant(_I64, 2))
         pairs = cgutils.unpack_tuple(builder, C.shape, 3)[1]
         src = builder.bitcast(C.data, _words_type(b))
         ex = _expansion(builder, T.data, b)
@@ -274,7 +294,7 @@ def _tile_codes(typingctx, a, codes, table, norms, scales, m0, mr, nr, bits, out
         def level_at(j, p):
             return _expand_pair(builder, ex, builder.gep(src, [builder.add(builder.mul(ir.Constant(_I64, j), pairs), p)]))
 
-        _tile_body(context, builder, A, N, S, O, m0, pairs, mr.literal_value, nr.literal_value, level_at)
+        _tile_body(context, builder, A, N, S, O, m0, pairs, span_pairs, mr.literal_value, nr.literal_value, level_at)
         return context.get_dummy_value()
 
     return sig, codegen
