@@ -224,9 +224,9 @@ class _Layer:
         self.cross_norm = a(p + "cross_norm")
         self.cqg = _LevelsLinear(cact, p + "cross.q_proj", p + "cross.gate_proj")
         self.cout = _LevelsLinear(cact, p + "cross.out_proj")
-        # Memory-side projections see (frames, width) once per clip: BLAS on float32 weights.
-        # cross-attention K and V read the same memory once per pass: one product, kept packed
-        self.ckv = B.CQLinear.from_cact(cact, p + "cross.k_proj", p + "cross.v_proj", few_rows=False)
+        # Memory-side projections see (frames, width) once per clip, K and V in one product (the
+        # integer products where they fit, else BLAS on one matrix dequantised at a time)
+        self.ckv = B.CQLinear.from_cact(cact, p + "cross.k_proj", p + "cross.v_proj", few_rows=False, integer=True)
         self.cq_norm, self.ck_norm = a(p + "cross_q_norm"), a(p + "cross_k_norm")
         self.post_cross_norm = a(p + "post_cross_norm")
         self.cross_gate = _sigmoid_scalar(a(p + "cross_gate"))
@@ -392,7 +392,7 @@ class Decoder:
         frames = mem.shape[0]
         cross_k, cross_v = [], []
         for layer in self.layers:
-            k, v = np.split(layer.ckv(mem), [d.heads * d.qk_dim], axis=1)
+            k, v = np.split(layer.ckv.quantised(mem), [d.heads * d.qk_dim], axis=1)   # mem is int8 already
             k = B.zc_rmsnorm(np.ascontiguousarray(k).reshape(frames, d.heads, d.qk_dim), layer.ck_norm)
             v = np.ascontiguousarray(v).reshape(frames, d.heads, d.v_dim)
             cross_k.append(_memory_codes(k))

@@ -676,17 +676,18 @@ def _integer_gemm(a, scales, w, first, last, out):
     column blocks [first, last): a (R, K_pad) int16 from `_quant_rotate_rows` with its scales (R,);
     out (R, N) float32. Up to FEW_ROWS rows (a decoder step) each tile expands the codes in
     registers (`_few_rows`); more rows share each run of NR blocks expanded once (`_expand`) by
-    every row's tile (`_tile`). Either way a row's sums are the same."""
-    if a.shape[0] <= FEW_ROWS:
-        for m in range(0, a.shape[0], 5):
+    every row's tile (`_tile`). Either way a row's sums are the same. Few tile shapes, each a
+    tail's too (a tile's rows past the last are the last again): every shape is machine code in
+    each kernel that calls this one."""
+    rows = a.shape[0]
+    if rows <= FEW_ROWS:
+        for m in range(0, rows, _integer.FEW_MR):
             _few_rows(a, scales, w, first, last, m, out)
         return
-    rows = a.shape[0]
     buf = np.empty((_NR, w.codes.shape[1], _integer.PAIR_LANES), np.int16)
-    full = rows - rows % _MR
     b = first
     while b < last:
-        nr = min(_NR, last - b)
+        nr = _NR if last - b >= _NR else 1
         for s in range(nr):
             if w.bits == 2:
                 _expand(w.codes, w.table, b + s, s, 2, buf)
@@ -694,60 +695,42 @@ def _integer_gemm(a, scales, w, first, last, out):
                 _expand(w.codes, w.table, b + s, s, 4, buf)
         nrm = w.norms[b:b + nr]
         o = out[:, _integer.COLUMNS * b:]
-        if nr == 3:
-            for m in range(0, full, _MR):
+        for m in range(0, rows, _MR):
+            if nr == _NR:
                 _tile(a, buf, nrm, scales, m, w.span, 4, 3, o)
-            for m in range(full, rows):
-                _tile(a, buf, nrm, scales, m, w.span, 1, 3, o)
-        elif nr == 2:
-            for m in range(0, full, _MR):
-                _tile(a, buf, nrm, scales, m, w.span, 4, 2, o)
-            for m in range(full, rows):
-                _tile(a, buf, nrm, scales, m, w.span, 1, 2, o)
-        else:
-            for m in range(0, full, _MR):
+            else:
                 _tile(a, buf, nrm, scales, m, w.span, 4, 1, o)
-            for m in range(full, rows):
-                _tile(a, buf, nrm, scales, m, w.span, 1, 1, o)
         b += nr
 
 
 @_jit()
 def _few_rows(a, scales, w, first, last, m, out):
     """Rows m .. m + 4 (those that exist) of `_integer_gemm`'s product over column blocks [first,
-    last), by `_tile_codes`: five rows by three blocks a tile, fewer at the ends."""
-    rows = min(5, a.shape[0] - m)
+    last), by `_tile_codes`: five rows by three blocks a tile (one row alone where one is left),
+    one block at a time at the end."""
+    one = a.shape[0] - m == 1
     b = first
     while b < last:
-        if rows == 5:
-            b = _few_tiles(a, scales, w, b, last, m, 5, out)
-        elif rows == 4:
-            b = _few_tiles(a, scales, w, b, last, m, 4, out)
-        elif rows == 3:
-            b = _few_tiles(a, scales, w, b, last, m, 3, out)
-        elif rows == 2:
-            b = _few_tiles(a, scales, w, b, last, m, 2, out)
+        nr = _NR if last - b >= _NR else 1
+        codes, nrm, o = w.codes[b:], w.norms[b:], out[:, _integer.COLUMNS * b:]
+        if w.bits == 2:
+            if one:
+                if nr == _NR:
+                    _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 3, 2, o)
+                else:
+                    _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 1, 2, o)
+            elif nr == _NR:
+                _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 3, 2, o)
+            else:
+                _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 1, 2, o)
         else:
-            b = _few_tiles(a, scales, w, b, last, m, 1, out)
-
-
-@njit(inline="always", **JIT_OPTIONS)
-def _few_tiles(a, scales, w, b, last, m, mr, out):
-    """One `_tile_codes` call of mr (a literal) rows at block b; returns the next block."""
-    nr = min(_NR, last - b)
-    codes, nrm, o = w.codes[b:], w.norms[b:], out[:, _integer.COLUMNS * b:]
-    if w.bits == 2:
-        if nr == 3:
-            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 3, 2, o)
-        elif nr == 2:
-            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 2, 2, o)
-        else:
-            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 1, 2, o)
-    else:
-        if nr == 3:
-            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 3, 4, o)
-        elif nr == 2:
-            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 2, 4, o)
-        else:
-            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, mr, 1, 4, o)
-    return b + nr
+            if one:
+                if nr == _NR:
+                    _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 3, 4, o)
+                else:
+                    _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 1, 4, o)
+            elif nr == _NR:
+                _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 3, 4, o)
+            else:
+                _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 1, 4, o)
+        b += nr

@@ -60,6 +60,7 @@ def level_limit(span: int) -> int:
     return min(int((2**31 - 1) // (128 * MAX_GROUP * span ** 0.5)), 32767)
 
 MR, NR = 4, 3       # the register tile: rows x column blocks (12 int32 + 12 float32 accumulators)
+FEW_MR = 5          # `_tile_codes`' rows: a 5-beam step's
 
 
 # The largest error, relative to the largest level, of a codebook's levels on an integer grid
@@ -198,7 +199,8 @@ def _expand(typingctx, codes, table, block, slot, bits, out):
 def _tile_body(context, builder, A, N, S, O, m0, pairs, span_pairs, rows_n: int, blocks_n: int, level_at):
     """The tile both `_tile` and `_tile_codes` emit: out rows m0 .. m0 + rows_n - 1, columns of
     blocks_n blocks, an exact int32 sum per span_pairs input pairs; level_at(j, p) gives block j's
-    32 int16 levels at input pair p."""
+    32 int16 levels at input pair p. Rows past a's last are its last again (the same sums written
+    to the same place), so one tile of rows_n serves a tail of fewer rows."""
     vi, vf = ir.VectorType(_I32, COLUMNS), ir.VectorType(_F32, COLUMNS)
     dot = _declare(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
     fma = _declare(builder, "llvm.fma.v16f32", vf, [vf, vf, vf])
@@ -209,8 +211,12 @@ def _tile_body(context, builder, A, N, S, O, m0, pairs, span_pairs, rows_n: int,
     o_stride = builder.sdiv(cgutils.unpack_tuple(builder, O.strides, 2)[0], ir.Constant(_I64, 4))
     a32 = builder.bitcast(A.data, ir.PointerType(_I32))
     nvec = builder.bitcast(N.data, ir.PointerType(vf))
-    row_ptr = [builder.gep(a32, [builder.mul(builder.add(m0, ir.Constant(_I64, i)), a_stride)])
-               for i in range(rows_n)]
+    last = builder.sub(cgutils.unpack_tuple(builder, A.shape, 2)[0], ir.Constant(_I64, 1))
+    row_at = []
+    for i in range(rows_n):
+        m = builder.add(m0, ir.Constant(_I64, i))
+        row_at.append(builder.select(builder.icmp_signed(">", m, last), last, m))
+    row_ptr = [builder.gep(a32, [builder.mul(m, a_stride)]) for m in row_at]
     nrm_ptr = [builder.gep(nvec, [builder.mul(ir.Constant(_I64, j), groups)]) for j in range(blocks_n)]
     zero_i, zero_f = ir.Constant(vi, [0] * COLUMNS), ir.Constant(vf, [0.0] * COLUMNS)
     acc_f = [[cgutils.alloca_once_value(builder, zero_f) for _ in range(blocks_n)] for _ in range(rows_n)]
@@ -235,7 +241,7 @@ def _tile_body(context, builder, A, N, S, O, m0, pairs, span_pairs, rows_n: int,
                     total = builder.sitofp(builder.load(acc_i[i][j]), vf)
                     builder.store(builder.call(fma, [total, nrm[j], builder.load(acc_f[i][j])]), acc_f[i][j])
     for i in range(rows_n):
-        m = builder.add(m0, ir.Constant(_I64, i))
+        m = row_at[i]
         scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), _F32, COLUMNS)
         for j in range(blocks_n):
             dst = builder.gep(O.data, [builder.add(builder.mul(m, o_stride), ir.Constant(_I64, COLUMNS * j))])
