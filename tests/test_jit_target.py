@@ -74,3 +74,29 @@ def test_a_tier_cache_is_keyed_by_the_tier_alone_and_loads_in_the_next_process(t
     # the host's own key is another one: a cache compiled elsewhere for the host CPU misses here
     host = _probe(tmp_path, "host")
     assert host["hits"] == 0 and host["key"][1] != tier
+
+
+_DECODE = r"""
+import sys
+import numpy as np
+from whistle_stream import Whistle
+from whistle_stream.kernels import integer
+model = Whistle()   # the demo model: every decoder kernel, the integer products' callers among them
+d = model.dims
+enc = np.random.default_rng(0).standard_normal((20, d.width)).astype(np.float32)
+logits = model.decoder.logits(enc, [d.bos, d.first_tag, 5, 6])
+print(integer.AVAILABLE, logits.shape, bool(np.isfinite(logits).all()))
+"""
+
+
+@pytest.mark.slow
+def test_a_tier_without_the_integer_instructions_compiles_every_decoder_kernel(tmp_path):
+    """The decoder's layer kernels call the integer products; a tier's code (the image's caches)
+    must compile without their AVX-512 VNNI intrinsics, which LLVM cannot lower for AVX2 (it
+    aborted the process): the branch is left out where `integer.AVAILABLE` is false."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), _target.ENV: "x86-64-v3"}
+    env.pop("WHISTLE_SIMD", None)
+    done = subprocess.run([sys.executable, "-c", _DECODE], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    available, *_, finite = done.stdout.split()
+    assert available == "False" and finite == "True"

@@ -19,7 +19,7 @@ from . import (
     _integer_gemm, _lane_combine, _lane_mix, _quant_rotate_rows, _rms_unit_rows, _rope_rows, _sinkhorn_rows,
     _zc_rmsnorm_rows,
 )
-from .integer import COLUMNS as BLOCK_COLUMNS, IntegerMatrix
+from .integer import AVAILABLE as INTEGER_KERNELS, COLUMNS as BLOCK_COLUMNS, IntegerMatrix
 from .simd import LANES, _tile5
 
 
@@ -414,24 +414,27 @@ def _quant_rotate(h, group, hr):
 def _quant_product(h, w, out):
     """out = int8(h) @ W.T for a `Rotated` matrix W; h (R, K) float32, overwritten. The integer
     products (`kernels._integer_gemm` of `_quant_rotate_rows`' codes) where W holds them, else the
-    fake-quantised rows rotated (`_quant_rotate`) through the float `_product`."""
+    fake-quantised rows rotated (`_quant_rotate`) through the float `_product`. The integer branch
+    is compiled only where its instructions exist (`integer.AVAILABLE`, a constant when this
+    compiles: a tier's or another CPU's code never holds them)."""
     rows = h.shape[0]
-    iw = w.integer
-    blocks = iw.codes.shape[0]
-    if blocks:
-        q = np.empty((rows, 2 * iw.codes.shape[1]), np.int16)
-        scales = np.empty(rows, np.float32)
-        _quant_rotate_rows(h, w.group, q, scales)
-        if BLOCK_COLUMNS * blocks == out.shape[1]:
-            _integer_gemm(q, scales, iw, 0, blocks, out)
-        else:   # the matrix padded to whole 16-column blocks
-            full = np.empty((rows, BLOCK_COLUMNS * blocks), np.float32)
-            _integer_gemm(q, scales, iw, 0, blocks, full)
-            out[:] = full[:, :out.shape[1]]
-    else:
-        hr = np.zeros((rows, w.norms.shape[1] * w.group), np.float32)
-        _quant_rotate(h, w.group, hr)
-        _product(hr, w.codes, w.norms, w.levels, w.bits, w.group, out)
+    if INTEGER_KERNELS:
+        iw = w.integer
+        blocks = iw.codes.shape[0]
+        if blocks:
+            q = np.empty((rows, 2 * iw.codes.shape[1]), np.int16)
+            scales = np.empty(rows, np.float32)
+            _quant_rotate_rows(h, w.group, q, scales)
+            if BLOCK_COLUMNS * blocks == out.shape[1]:
+                _integer_gemm(q, scales, iw, 0, blocks, out)
+            else:   # the matrix padded to whole 16-column blocks
+                full = np.empty((rows, BLOCK_COLUMNS * blocks), np.float32)
+                _integer_gemm(q, scales, iw, 0, blocks, full)
+                out[:] = full[:, :out.shape[1]]
+            return
+    hr = np.zeros((rows, w.norms.shape[1] * w.group), np.float32)
+    _quant_rotate(h, w.group, hr)
+    _product(hr, w.codes, w.norms, w.levels, w.bits, w.group, out)
 
 
 @_jit(GEMM_FASTMATH)
