@@ -305,7 +305,7 @@ def test_integer_products_equal_their_int64_twin_exactly(bits, rows, columns):
     scratch), their row and block tails: every group's sum is exact in int32, so with norms and
     scales 1 the output is the twin's
     float32 sum of the int64 group sums, bit for bit: activations anywhere in int16's rotated
-    range, levels up to LEVEL_LIMIT, and rows whose rotation lines up with a column's levels
+    range, levels up to level_limit(span), and rows whose rotation lines up with a column's levels
     (sums near the int32 bound)."""
     for span in (128, 16):   # a whole group's grid, and the finest (levels up to 32767)
         rng = np.random.default_rng([bits, rows, columns, span])

@@ -364,26 +364,33 @@ class CQLinear:
         q = np.empty((rows, self.k_pad), np.int16)
         scales = np.empty(rows, np.float32)
         _split_rows(lambda a, b: K._quant_rotate_rows(x[a:b], self.group, q[a:b], scales[a:b]), rows, x.size)
-        blocks = self.integer.codes.shape[0]
-        out = np.empty((rows, KI.COLUMNS * blocks), np.float32)
-        if K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS:
-            run_split(lambda a, b: K._integer_gemm(q, scales, self.integer, a, b, out), blocks)
-        else:
-            K._integer_gemm(q, scales, self.integer, 0, blocks, out)
-        return unpadded(out, self.shape[0])
+        split = K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS
+        return integer_product(q, scales, self.integer, self.shape[0], split)
 
 
-def unpadded(out: np.ndarray, columns: int) -> np.ndarray:
-    """The first `columns` of an integer product's output (its matrix padded to whole 16-column
-    blocks), contiguous."""
+def integer_product(q: np.ndarray, scales: np.ndarray, w: "KI.IntegerMatrix", columns: int,
+                    split: bool) -> np.ndarray:
+    """(rows, columns) float32: `kernels._integer_gemm` of rotated int8 codes q (rows, K_pad) int16
+    with their scales, over the shared pool by column blocks where `split`; the columns the matrix
+    was padded with to whole 16-column blocks dropped (contiguous)."""
+    blocks = w.codes.shape[0]
+    out = np.empty((q.shape[0], KI.COLUMNS * blocks), np.float32)
+    if split:
+        run_split(lambda a, b: K._integer_gemm(q, scales, w, a, b, out), blocks)
+    else:
+        K._integer_gemm(q, scales, w, 0, blocks, out)
     return out if out.shape[1] == columns else np.ascontiguousarray(out[:, :columns])
 
 
-def integer_form(cqs, levels: np.ndarray | None = None) -> "KI.IntegerMatrix | None":
+def integer_form(cqs, decoder: bool = False) -> "KI.IntegerMatrix | None":
     """Stacked CQ matrices' integer form where the integer products run here
-    (`kernels.INTEGER_PRODUCTS`) and the matrices fit them (`integer_matrix`, near `levels`), else
+    (`kernels.INTEGER_PRODUCTS`) and the matrices fit them (`integer_matrix`: near the codebook,
+    or with `decoder` near `decoder_levels`, the levels the decoder's float products take), else
     None."""
-    return integer_matrix(cqs, levels=levels) if K.INTEGER_PRODUCTS and KI.AVAILABLE else None
+    if not (K.INTEGER_PRODUCTS and KI.AVAILABLE):
+        return None
+    first = cqs[0]
+    return integer_matrix(cqs, levels=decoder_levels(first.codebook, first.bits) if decoder else None)
 
 
 def integer_matrix(cqs, tolerance: float = KI.LEVEL_TOLERANCE,
@@ -393,7 +400,7 @@ def integer_matrix(cqs, tolerance: float = KI.LEVEL_TOLERANCE,
     `tolerance` of the largest level of `levels`, the levels the float products multiply by: the
     codebook's own unless given): their level indices in
     `integer.vnni_codes`' layout, padded with zero columns to whole 16-column blocks (their outputs
-    are 0: `unpadded` drops them), the codebook as integers up to
+    are 0: `integer_product` drops them), the codebook as integers up to
     `integer.level_limit(span)` for the longest span of `integer.SPANS` (at most the group) whose
     grid holds it, and the norms times its unit over sqrt(group)."""
     first = cqs[0]

@@ -142,7 +142,7 @@ class _LevelsLinear:
         self.shape = (sum(self.sizes), first.shape[1])
         self.k_pad = first.in_pad
         self.bits = first.bits if first.bits in PACKED_BITS else 0
-        self.integer = B.integer_form(cqs, B.decoder_levels(first.codebook, first.bits))
+        self.integer = B.integer_form(cqs, decoder=True)
         if self.integer is not None:   # the float form's fields, empty (`Rotated`)
             self.codes, self.norms = np.zeros((0, 0), np.uint8), np.zeros((0, self.k_pad // self.group), np.float32)
             self.levels = np.zeros(4, np.float32)
@@ -170,28 +170,20 @@ class _LevelsLinear:
         five at a time (fewer one at a time) with the same sums per row, the integer ones sum each
         group exactly."""
         rows = h.shape[0]
+        split = K.GEMM_THREADS > 1 and self.shape[0] * self.k_pad >= K.SPLIT_WEIGHTS
         if self.integer is not None:
             q = np.empty((rows, self.k_pad), np.int16)
             scales = np.empty(rows, np.float32)
             K._quant_rotate_rows(h, self.group, q, scales)
-            columns = self.integer.codes.shape[0]   # in blocks of 16
-            out = np.empty((rows, KI.COLUMNS * columns), np.float32)
-
-            def part(a: int, b: int) -> None:
-                K._integer_gemm(q, scales, self.integer, a, b, out)
+            return B.integer_product(q, scales, self.integer, self.shape[0], split)
+        xr = np.zeros((rows, self.k_pad), np.float32)
+        _quant_rotate(h, self.group, xr)
+        out = np.empty((rows, self.shape[0]), np.float32)
+        if split:
+            B.run_split(lambda a, b: self._part(xr, a, b, out), self.shape[0])
         else:
-            xr = np.zeros((rows, self.k_pad), np.float32)
-            _quant_rotate(h, self.group, xr)
-            columns = self.shape[0]
-            out = np.empty((rows, columns), np.float32)
-
-            def part(a: int, b: int) -> None:
-                self._part(xr, a, b, out)
-        if K.GEMM_THREADS > 1 and self.shape[0] * self.k_pad >= K.SPLIT_WEIGHTS:
-            B.run_split(part, columns)
-        else:
-            part(0, columns)
-        return B.unpadded(out, self.shape[0])
+            self._part(xr, 0, self.shape[0], out)
+        return out
 
     def _part(self, xr: np.ndarray, a: int, b: int, out: np.ndarray) -> None:
         if self.bits:

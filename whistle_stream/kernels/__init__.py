@@ -712,25 +712,23 @@ def _few_rows(a, scales, w, first, last, m, out):
     b = first
     while b < last:
         nr = _NR if last - b >= _NR else 1
-        codes, nrm, o = w.codes[b:], w.norms[b:], out[:, _integer.COLUMNS * b:]
         if w.bits == 2:
-            if one:
-                if nr == _NR:
-                    _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 3, 2, o)
-                else:
-                    _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 1, 2, o)
-            elif nr == _NR:
-                _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 3, 2, o)
-            else:
-                _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 1, 2, o)
+            _few_tile(a, scales, w, b, m, one, nr, 2, out)
         else:
-            if one:
-                if nr == _NR:
-                    _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 3, 4, o)
-                else:
-                    _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 1, 4, o)
-            elif nr == _NR:
-                _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 3, 4, o)
-            else:
-                _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 1, 4, o)
+            _few_tile(a, scales, w, b, m, one, nr, 4, out)
         b += nr
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _few_tile(a, scales, w, b, m, one, nr, bits, out):
+    """`_few_rows`' tile at block b: 1 row or 5, nr blocks (3 or 1), codes of `bits` (a literal)."""
+    codes, nrm, o = w.codes[b:], w.norms[b:], out[:, _integer.COLUMNS * b:]
+    if one:
+        if nr == _NR:
+            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 3, bits, o)
+        else:
+            _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 1, 1, bits, o)
+    elif nr == _NR:
+        _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 3, bits, o)
+    else:
+        _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 1, bits, o)
