@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -85,7 +86,7 @@ model = Whistle()   # the demo model: every decoder kernel, the integer products
 d = model.dims
 enc = np.random.default_rng(0).standard_normal((20, d.width)).astype(np.float32)
 logits = model.decoder.logits(enc, [d.bos, d.first_tag, 5, 6])
-print(integer.AVAILABLE, logits.shape, bool(np.isfinite(logits).all()))
+print(integer.PATH, integer.VNNI, logits.shape, bool(np.isfinite(logits).all()))
 """
 
 
@@ -93,10 +94,33 @@ print(integer.AVAILABLE, logits.shape, bool(np.isfinite(logits).all()))
 def test_a_tier_without_the_integer_instructions_compiles_every_decoder_kernel(tmp_path):
     """The decoder's layer kernels call the integer products; a tier's code (the image's caches)
     must compile without their AVX-512 VNNI intrinsics, which LLVM cannot lower for AVX2 (it
-    aborted the process): the branch is left out where `integer.AVAILABLE` is false."""
+    aborted the process): the branch is left out where `integer.VNNI` is false (the tier takes
+    the AVX2 path of the encoder's products, not the decoder's)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), _target.ENV: "x86-64-v3"}
     env.pop("WHISTLE_SIMD", None)
     done = subprocess.run([sys.executable, "-c", _DECODE], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    available, *_, finite = done.stdout.split()
-    assert available == "False" and finite == "True"
+    path, vnni, *_, finite = done.stdout.split()
+    assert (path, vnni, finite) == ("avx2", "False", "True")
+
+
+@pytest.mark.slow
+def test_the_avx2_integer_products_pass_the_integer_product_tests(tmp_path):
+    """The integer products' AVX2 path (vpmaddwd, levels looked up by compare and select), as the
+    x86-64-v3 tier's cache compiles it, through the tests the VNNI path passes: exactly the int64
+    twin's sums at every tile and tail shape, the products of fake-quantised rows, the blocks a
+    split writes. Exact sums make its outputs the VNNI path's bit for bit, so the parity the
+    encoder holds on one holds on the other."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), _target.ENV: "x86-64-v3"}
+    for name in ("WHISTLE_SIMD", "WHISTLE_INTEGER"):
+        env.pop(name, None)
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", "from whistle_stream.kernels import integer; print(integer.PATH)"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.stdout.split() == ["avx2"], done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py",
+                           "-k", "integer or quant_rotate", "-rs"],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=root)
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert "skipped" not in summary and int(summary.split()[0]) >= 20, summary

@@ -251,9 +251,11 @@ def test_cq_linear_matches_the_dequantised_matrices_stacked(bits, rows, monkeypa
 
 # ---------------------------------------------------------------- integer products (kernels/integer.py)
 
+import llvmlite.binding as llvm_binding  # noqa: E402
+
 from whistle_stream.kernels import integer as KI  # noqa: E402
 
-needs_vnni = pytest.mark.skipif(not KI.AVAILABLE, reason="this CPU has no AVX-512 VNNI: the float path only")
+needs_integer = pytest.mark.skipif(not KI.AVAILABLE, reason="this CPU has no integer products (AVX2 or AVX-512 VNNI): the float path only")
 
 
 @pytest.mark.parametrize("group", [128, 64, 16])
@@ -297,7 +299,7 @@ def _integer_case(rng, bits, rows, columns, k_pad, group=128, span=128):
     return w, ints[codes]
 
 
-@needs_vnni
+@needs_integer
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("rows, columns", [(1, 16), (4, 64), (7, 32), (10, 48), (13, 48), (8, 80), (5, 112)])
 def test_integer_products_equal_their_int64_twin_exactly(bits, rows, columns):
@@ -327,7 +329,7 @@ def test_integer_products_equal_their_int64_twin_exactly(bits, rows, columns):
         np.testing.assert_array_equal(out, want)
 
 
-@needs_vnni
+@needs_integer
 def test_integer_products_of_some_column_blocks_write_only_those():
     rng = np.random.default_rng(5)
     w, levels = _integer_case(rng, 2, 6, 80, 256)
@@ -390,9 +392,11 @@ def test_cq_linear_quantised_takes_the_float_path_where_the_integer_one_does_not
 
 
 def test_the_integer_products_run_where_they_can_unless_turned_off(monkeypatch):
-    """On wherever the host has the instructions; WHISTLE_INTEGER=0 turns them off; a tier's
-    cache (WHISTLE_JIT_TARGET) or a forced simd path other than AVX-512 rules them out; a value
-    other than 0 or 1 is reported."""
+    """On wherever the host has the instructions; WHISTLE_INTEGER=0 turns them off; a value other
+    than 0 or 1 is reported. The VNNI path where the host has AVX-512 VNNI and the kernels compile
+    for it; the AVX2 path for an AVX2 host without them, a forced AVX2 simd path and the x86-64-v3
+    and -v4 tiers' caches (whose code may not hold VNNI); none for the generic simd path, the
+    baseline tier or another cross-compiled CPU."""
     from numba import config
 
     from whistle_stream.kernels import simd
@@ -404,11 +408,21 @@ def test_the_integer_products_run_where_they_can_unless_turned_off(monkeypatch):
     monkeypatch.setenv(KI.ENV, "yes")
     with pytest.warns(RuntimeWarning, match="WHISTLE_INTEGER must be 0 or 1, got 'yes'"):
         assert KI._enabled() is KI.AVAILABLE
-    monkeypatch.setattr(config, "CPU_NAME", "x86-64-v4")
-    assert KI._available() is False
+    monkeypatch.setattr(config, "CPU_FEATURES", "")
+    for tier, path in [("x86-64-v4", "avx2"), ("x86-64-v3", "avx2"), ("x86-64", None), ("znver4", None)]:
+        monkeypatch.setattr(config, "CPU_NAME", tier)
+        monkeypatch.setattr(simd, "PATH", simd._choose_path())
+        assert KI._path() == path, tier
     monkeypatch.setattr(config, "CPU_NAME", None)
-    monkeypatch.setattr(simd, "PATH", "avx2")
-    assert KI._available() is False
+    for simd_path, features, path in [
+            ("avx512", {"avx512f": True, "avx512bw": True, "avx512vnni": True, "avx2": True}, "vnni"),
+            ("avx512", {"avx512f": True, "avx512bw": True, "avx2": True}, "avx2"),   # AVX-512 without VNNI
+            ("avx2", {"avx512f": True, "avx512bw": True, "avx512vnni": True, "avx2": True}, "avx2"),
+            ("avx2", {"avx2": True}, "avx2"),
+            ("generic", {"avx2": True}, None)]:
+        monkeypatch.setattr(simd, "PATH", simd_path)
+        monkeypatch.setattr(llvm_binding, "get_host_cpu_features", lambda f=features: f)
+        assert KI._path() == path, (simd_path, features)
 
 
 def test_only_a_codebook_on_the_integer_grid_takes_the_integer_products():

@@ -386,8 +386,8 @@ def integer_form(cqs, decoder: bool = False) -> "KI.IntegerMatrix | None":
     """Stacked CQ matrices' integer form where the integer products run here
     (`kernels.INTEGER_PRODUCTS`) and the matrices fit them (`integer_matrix`: near the codebook,
     or with `decoder` near `decoder_levels`, the levels the decoder's float products take), else
-    None."""
-    if not (K.INTEGER_PRODUCTS and KI.AVAILABLE):
+    None. The decoder's (few rows, `decoder`) on the VNNI path only (`integer.VNNI`)."""
+    if not (K.INTEGER_PRODUCTS and (KI.VNNI if decoder else KI.AVAILABLE)):
         return None
     first = cqs[0]
     return integer_matrix(cqs, levels=decoder_levels(first.codebook, first.bits) if decoder else None)

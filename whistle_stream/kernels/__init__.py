@@ -634,8 +634,10 @@ def _lane_mix(hres, x, hpost, y, out):
 
 _MR, _NR = _integer.MR, _integer.NR  # the tile's rows and column blocks (literals in the calls below)
 # Up to this many rows `_integer_gemm` expands the codes in registers per tile (`integer._tile_codes`)
-# instead of once per NR blocks into a scratch every row reads (`_expand`, `_tile`).
+# instead of once per NR blocks into a scratch every row reads (`_expand`, `_tile`); on the VNNI
+# path only (a constant when the kernels compile: the AVX2 path's code never holds vpermw).
 FEW_ROWS = 10
+_VNNI = _integer.VNNI
 
 
 # Whether `blocks.CQLinear` builds and `quantised` takes the integer products (on a CPU that has
@@ -680,10 +682,11 @@ def _integer_gemm(a, scales, w, first, last, out):
     tail's too (a tile's rows past the last are the last again): every shape is machine code in
     each kernel that calls this one."""
     rows = a.shape[0]
-    if rows <= FEW_ROWS:
-        for m in range(0, rows, _integer.FEW_MR):
-            _few_rows(a, scales, w, first, last, m, out)
-        return
+    if _VNNI:
+        if rows <= FEW_ROWS:
+            for m in range(0, rows, _integer.FEW_MR):
+                _few_rows(a, scales, w, first, last, m, out)
+            return
     buf = np.empty((_NR, w.codes.shape[1], _integer.PAIR_LANES), np.int16)
     b = first
     while b < last:
@@ -697,9 +700,9 @@ def _integer_gemm(a, scales, w, first, last, out):
         o = out[:, _integer.COLUMNS * b:]
         for m in range(0, rows, _MR):
             if nr == _NR:
-                _tile(a, buf, nrm, scales, m, w.span, 4, 3, o)
+                _tile(a, buf, nrm, scales, m, w.span, _MR, _NR, o)
             else:
-                _tile(a, buf, nrm, scales, m, w.span, 4, 1, o)
+                _tile(a, buf, nrm, scales, m, w.span, _MR, 1, o)
         b += nr
 
 

@@ -19,7 +19,7 @@ from . import (
     _integer_gemm, _lane_combine, _lane_mix, _quant_rotate_rows, _rms_unit_rows, _rope_rows, _sinkhorn_rows,
     _zc_rmsnorm_rows,
 )
-from .integer import AVAILABLE as INTEGER_KERNELS, COLUMNS as BLOCK_COLUMNS, IntegerMatrix
+from .integer import VNNI as INTEGER_KERNELS, COLUMNS as BLOCK_COLUMNS, IntegerMatrix
 from .simd import LANES, _tile5
 
 
@@ -415,7 +415,7 @@ def _quant_product(h, w, out):
     """out = int8(h) @ W.T for a `Rotated` matrix W; h (R, K) float32, overwritten. The integer
     products (`kernels._integer_gemm` of `_quant_rotate_rows`' codes) where W holds them, else the
     fake-quantised rows rotated (`_quant_rotate`) through the float `_product`. The integer branch
-    is compiled only where its instructions exist (`integer.AVAILABLE`, a constant when this
+    is compiled only where its instructions exist (`integer.VNNI`, a constant when this
     compiles: a tier's or another CPU's code never holds them)."""
     rows = h.shape[0]
     if INTEGER_KERNELS:

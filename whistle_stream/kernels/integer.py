@@ -22,9 +22,17 @@ one vpermw table lookup per 32 weights) into a scratch that stays in the L1 cach
 row's tile (`_tile`: MR rows x NR column blocks in registers) reads it; for a few rows (a decoder
 step) `_tile_codes` expands them in registers as it goes.
 
-Only for CPUs with avx512vnni (and avx512bw's vpermw), only when the kernels compile for the
-host (`_target`), only for codebooks whose levels fit an integer grid within LEVEL_TOLERANCE,
-and not with WHISTLE_INTEGER=0: the float products serve every other case.
+Two paths (`PATH`), chosen when the kernels compile:
+- "vnni": CPUs with avx512vnni (and avx512bw's vpermw), the kernels compiled for the host. Every
+  product, the decoder's few rows included (`_tile_codes`).
+- "avx2": CPUs with AVX2 but not those, and the x86-64-v3 and -v4 tiers' caches (`_target`).
+  vpmaddwd (int16 pairs into int32 lanes, 16 multiply-adds per instruction) and vpaddd take
+  vpdpwssd's place, a column block as two 8-lane halves; `_expand` looks the levels up with a
+  compare-and-select per level (AVX2 has no vpermw) into the scratch every row reads. Only the
+  many-row products take it (`_integer_gemm`, the encoder's): the decoder keeps its float
+  products there.
+Only for codebooks whose levels fit an integer grid within LEVEL_TOLERANCE, and not with
+WHISTLE_INTEGER=0: the float products serve every other case.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from numba import config, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import simd
+from . import _target, simd
 from .simd import _declare, _splat
 
 _F32, _I16, _I32, _I64 = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -59,8 +67,6 @@ def level_limit(span: int) -> int:
     """The largest integer level whose sums over `span` inputs stay inside int32 (any int8 codes)."""
     return min(int((2**31 - 1) // (128 * MAX_GROUP * span ** 0.5)), 32767)
 
-MR, NR = 4, 3       # the register tile: rows x column blocks (12 int32 + 12 float32 accumulators)
-FEW_MR = 5          # `_tile_codes`' rows: a 5-beam step's
 
 
 # The largest error, relative to the largest level, of a codebook's levels on an integer grid
@@ -75,16 +81,32 @@ LEVEL_TOLERANCE = 5e-6
 ENV = "WHISTLE_INTEGER"  # "0": the float products everywhere
 
 
-def _available() -> bool:
-    """The host has the instructions, the kernels compile for the host and the simd path is
-    AVX-512's (WHISTLE_SIMD=avx2|generic rules the integer products out with it)."""
-    if config.CPU_NAME or config.CPU_FEATURES or simd.PATH != "avx512":
-        return False
+PATHS = ("vnni", "avx2")
+
+
+def _path() -> str | None:
+    """The integer products' path: "vnni" where the host has AVX-512 VNNI, the kernels compile for
+    the host and the simd path is AVX-512's; "avx2" where the simd path has AVX2's instructions
+    (the host's, or a tier's: x86-64-v3, -v4) but not those; else None (the float products).
+    WHISTLE_SIMD=avx2 takes the AVX2 path on any host that has it, =generic neither."""
+    if simd.PATH not in ("avx512", "avx2"):
+        return None
+    if config.CPU_NAME or config.CPU_FEATURES:   # a tier's cache: its own instructions only
+        return "avx2" if _target.simd_path() in ("avx512", "avx2") else None
     have = llvm_binding.get_host_cpu_features()
-    return all(have.get(f) for f in ("avx512f", "avx512bw", "avx512vnni"))
+    if simd.PATH == "avx512" and all(have.get(f) for f in ("avx512f", "avx512bw", "avx512vnni")):
+        return "vnni"
+    return "avx2" if have.get("avx2") else None
 
 
-AVAILABLE = _available()
+PATH = _path()
+AVAILABLE = PATH is not None   # the encoder's (many-row) integer products
+VNNI = PATH == "vnni"          # and the decoder's: `_tile_codes`, vpermw, vpdpwssd
+# The register tile, rows x column blocks: 12 int32 + 12 float32 accumulators of 16 lanes on
+# AVX-512's 32 registers; on AVX2's 16, 4 x 1 block (two 8-lane halves: 8 + 8, the float ones
+# touched once a span).
+MR, NR = (4, 3) if PATH != "avx2" else (4, 1)
+FEW_MR = 5          # `_tile_codes`' rows: a 5-beam step's
 
 
 def _enabled() -> bool:
@@ -136,12 +158,14 @@ def block_norms(norms: np.ndarray) -> np.ndarray:
 
 class _Expansion(NamedTuple):
     """What turns a column block's packed codes at one input pair into its 32 int16 levels: the
-    words' spread over the lanes, each lane's shift, the mask, the table and vpermw."""
+    words' spread over the lanes, each lane's shift, the mask, the table, and vpermw (None on the
+    AVX2 path: a select per level instead)."""
     spread: ir.Constant
     shifts: ir.Constant
     mask: ir.Constant
     table: ir.Value
-    perm: ir.Function
+    perm: ir.Function | None
+    count: int
 
 
 def _expansion(builder, table_ptr, bits: int) -> _Expansion:
@@ -152,14 +176,23 @@ def _expansion(builder, table_ptr, bits: int) -> _Expansion:
         shifts=ir.Constant(v32, [bits * (i // words) for i in range(PAIR_LANES)]),
         mask=ir.Constant(v32, [(1 << bits) - 1] * PAIR_LANES),
         table=builder.load(builder.bitcast(table_ptr, ir.PointerType(v32)), align=2),
-        perm=_declare(builder, "llvm.x86.avx512.permvar.hi.512", v32, [v32, v32]))
+        perm=_declare(builder, "llvm.x86.avx512.permvar.hi.512", v32, [v32, v32]) if VNNI else None,
+        count=1 << bits)
 
 
 def _expand_pair(builder, ex: _Expansion, words_ptr):
-    """The 32 int16 levels of the codes at words_ptr (<2 * bits x i16>*): a shift, a mask, vpermw."""
+    """The 32 int16 levels of the codes at words_ptr (<2 * bits x i16>*): a shift, a mask, and
+    vpermw, or on the AVX2 path a compare and select per level."""
     w = builder.load(words_ptr, align=2)
     idx = builder.and_(builder.lshr(builder.shuffle_vector(w, w, ex.spread), ex.shifts), ex.mask)
-    return builder.call(ex.perm, [ex.table, idx])
+    if ex.perm is not None:
+        return builder.call(ex.perm, [ex.table, idx])
+    out = _splat(builder, builder.extract_element(ex.table, ir.Constant(_I32, 0)), _I16, PAIR_LANES)
+    for j in range(1, ex.count):
+        hit = builder.icmp_unsigned("==", idx, ir.Constant(idx.type, [j] * PAIR_LANES))
+        out = builder.select(hit, _splat(builder, builder.extract_element(ex.table, ir.Constant(_I32, j)),
+                                         _I16, PAIR_LANES), out)
+    return out
 
 
 def _words_type(bits: int):
@@ -200,52 +233,78 @@ def _tile_body(context, builder, A, N, S, O, m0, pairs, span_pairs, rows_n: int,
     """The tile both `_tile` and `_tile_codes` emit: out rows m0 .. m0 + rows_n - 1, columns of
     blocks_n blocks, an exact int32 sum per span_pairs input pairs; level_at(j, p) gives block j's
     32 int16 levels at input pair p. Rows past a's last are its last again (the same sums written
-    to the same place), so one tile of rows_n serves a tail of fewer rows."""
-    vi, vf = ir.VectorType(_I32, COLUMNS), ir.VectorType(_F32, COLUMNS)
-    dot = _declare(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
-    fma = _declare(builder, "llvm.fma.v16f32", vf, [vf, vf, vf])
+    to the same place), so one tile of rows_n serves a tail of fewer rows. A block is one vector
+    of 16 int32 lanes on the VNNI path (vpdpwssd), two of 8 on the AVX2 path (vpmaddwd, vpaddd):
+    the same sums either way."""
+    lanes = COLUMNS if VNNI else COLUMNS // 2
+    halves = COLUMNS // lanes
+    vi, vf, v16 = ir.VectorType(_I32, lanes), ir.VectorType(_F32, lanes), ir.VectorType(_I16, 2 * lanes)
+    fma = _declare(builder, f"llvm.fma.v{lanes}f32", vf, [vf, vf, vf])
+    if VNNI:
+        dot = _declare(builder, "llvm.x86.avx512.vpdpwssd.512", vi, [vi, vi, vi])
+
+        def mac(acc, pair, lev):
+            return builder.call(dot, [acc, pair, builder.bitcast(lev, vi)])
+    else:
+        madd = _declare(builder, "llvm.x86.avx2.pmadd.wd", vi, [v16, v16])
+
+        def mac(acc, pair, lev):
+            return builder.add(acc, builder.call(madd, [builder.bitcast(pair, v16), lev]))
+
+    def half(lev, h):
+        if halves == 1:
+            return lev
+        return builder.shuffle_vector(lev, lev, ir.Constant(ir.VectorType(_I32, 2 * lanes),
+                                                            list(range(2 * lanes * h, 2 * lanes * (h + 1)))))
+
     groups = cgutils.unpack_tuple(builder, N.shape, 3)[1]
     group_pairs = builder.sdiv(pairs, groups)
     a_stride = builder.sdiv(cgutils.unpack_tuple(builder, A.strides, 2)[0], ir.Constant(_I64, 4))  # int16 pairs
     s_stride = builder.sdiv(cgutils.unpack_tuple(builder, S.strides, 1)[0], ir.Constant(_I64, 4))
     o_stride = builder.sdiv(cgutils.unpack_tuple(builder, O.strides, 2)[0], ir.Constant(_I64, 4))
     a32 = builder.bitcast(A.data, ir.PointerType(_I32))
-    nvec = builder.bitcast(N.data, ir.PointerType(vf))
     last = builder.sub(cgutils.unpack_tuple(builder, A.shape, 2)[0], ir.Constant(_I64, 1))
     row_at = []
     for i in range(rows_n):
         m = builder.add(m0, ir.Constant(_I64, i))
         row_at.append(builder.select(builder.icmp_signed(">", m, last), last, m))
     row_ptr = [builder.gep(a32, [builder.mul(m, a_stride)]) for m in row_at]
-    nrm_ptr = [builder.gep(nvec, [builder.mul(ir.Constant(_I64, j), groups)]) for j in range(blocks_n)]
-    zero_i, zero_f = ir.Constant(vi, [0] * COLUMNS), ir.Constant(vf, [0.0] * COLUMNS)
-    acc_f = [[cgutils.alloca_once_value(builder, zero_f) for _ in range(blocks_n)] for _ in range(rows_n)]
-    acc_i = [[cgutils.alloca_once_value(builder, zero_i) for _ in range(blocks_n)] for _ in range(rows_n)]
+    parts = [(j, h) for j in range(blocks_n) for h in range(halves)]
+
+    def norms_at(j, h, g):   # block j's half h of group g's 16 norms (N: (B, G, 16) float32)
+        at = builder.add(builder.mul(builder.add(builder.mul(ir.Constant(_I64, j), groups), g),
+                                     ir.Constant(_I64, COLUMNS)), ir.Constant(_I64, lanes * h))
+        return builder.load(builder.bitcast(builder.gep(N.data, [at]), ir.PointerType(vf)), align=4)
+
+    zero_i, zero_f = ir.Constant(vi, [0] * lanes), ir.Constant(vf, [0.0] * lanes)
+    acc_f = [[cgutils.alloca_once_value(builder, zero_f) for _ in parts] for _ in range(rows_n)]
+    acc_i = [[cgutils.alloca_once_value(builder, zero_i) for _ in parts] for _ in range(rows_n)]
     with cgutils.for_range(builder, groups) as group_loop:
         g = group_loop.index
-        nrm = [builder.load(builder.gep(nrm_ptr[j], [g]), align=4) for j in range(blocks_n)]
         with cgutils.for_range(builder, builder.sdiv(group_pairs, span_pairs)) as span_loop:
             for i in range(rows_n):
-                for j in range(blocks_n):
-                    builder.store(zero_i, acc_i[i][j])
+                for k in range(len(parts)):
+                    builder.store(zero_i, acc_i[i][k])
             first = builder.add(builder.mul(g, group_pairs), builder.mul(span_loop.index, span_pairs))
             with cgutils.for_range(builder, span_pairs) as pair_loop:
                 p = builder.add(first, pair_loop.index)
-                lev = [builder.bitcast(level_at(j, p), vi) for j in range(blocks_n)]
+                blocks = [level_at(j, p) for j in range(blocks_n)]
+                lev = [half(blocks[j], h) for j, h in parts]
                 for i in range(rows_n):
-                    pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), _I32, COLUMNS)
-                    for j in range(blocks_n):
-                        builder.store(builder.call(dot, [builder.load(acc_i[i][j]), pair, lev[j]]), acc_i[i][j])
+                    pair = _splat(builder, builder.load(builder.gep(row_ptr[i], [p]), align=4), _I32, lanes)
+                    for k in range(len(parts)):
+                        builder.store(mac(builder.load(acc_i[i][k]), pair, lev[k]), acc_i[i][k])
+            nrm = [norms_at(j, h, g) for j, h in parts]
             for i in range(rows_n):
-                for j in range(blocks_n):
-                    total = builder.sitofp(builder.load(acc_i[i][j]), vf)
-                    builder.store(builder.call(fma, [total, nrm[j], builder.load(acc_f[i][j])]), acc_f[i][j])
+                for k in range(len(parts)):
+                    total = builder.sitofp(builder.load(acc_i[i][k]), vf)
+                    builder.store(builder.call(fma, [total, nrm[k], builder.load(acc_f[i][k])]), acc_f[i][k])
     for i in range(rows_n):
         m = row_at[i]
-        scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), _F32, COLUMNS)
-        for j in range(blocks_n):
-            dst = builder.gep(O.data, [builder.add(builder.mul(m, o_stride), ir.Constant(_I64, COLUMNS * j))])
-            builder.store(builder.fmul(builder.load(acc_f[i][j]), scale),
+        scale = _splat(builder, builder.load(builder.gep(S.data, [builder.mul(m, s_stride)])), _F32, lanes)
+        for k, (j, h) in enumerate(parts):
+            dst = builder.gep(O.data, [builder.add(builder.mul(m, o_stride), ir.Constant(_I64, COLUMNS * j + lanes * h))])
+            builder.store(builder.fmul(builder.load(acc_f[i][k]), scale),
                           builder.bitcast(dst, ir.PointerType(vf)), align=4)
 
 
