@@ -829,10 +829,7 @@ def test_a_fused_layer_equals_its_blocks_called_one_by_one():
         o = np.empty((n, layer.cout.shape[0]), np.float32)
         DK._gate_product(att.reshape((n, heads * d.v_dim)), y[:, heads * d.qk_dim:], layer.cout.record(), o)
         DK._gated_residual(x, o, layer.post_cross_norm, eps, layer.cross_gate)
-        m = layer.mlp
-        (w1a, w1b), (w2a, w2b), (w3a, w3b) = m.factors
-        DK._hadamard_residual(x, layer.pre_hada, m.d1, m.d2, m.b2, m.d3, m.d4, w1a, w1b, w2a, w2b, w3a, w3b,
-                              m.cond_vt, m.cond_u, m.p1, m.p2, np.arange(d.hada_n, dtype=np.int64), eps)
+        DK._hadamard_residual(x, layer.mlp.record(layer.pre_hada), eps)
         plain_out = np.empty_like(stream)
         DK._lanes_out(stream, hres, hpost, x, u, plain_out)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import kernels as K
 from .kernels import integer as KI
-from .kernels.decoder import _packed_rows
+from .kernels.decoder import HadamardMlp, _hadamard_residual, _packed_rows
 from .kernels.simd import PACKED_BITS, interleave
 
 NORM_EPS = 1e-6  # ZCRMSNorm and _rms_unit epsilon in the reference
@@ -628,6 +628,27 @@ class HadamardMLP:
             run_split(part, x.shape[0])
             return out
         return self._rows(x)
+
+    def record(self, pre: np.ndarray, scale: float = 1.0) -> HadamardMlp:
+        """The arrays `residual` (and the decoder's layer step) read: x + scale * mlp(zc_rmsnorm(x, pre)),
+        the scale folded into d4 (exact for the blocks' 1 and 0.5)."""
+        (w1a, w1b), (w2a, w2b), (w3a, w3b) = self.factors
+        return HadamardMlp(
+            pre=np.ascontiguousarray(pre, np.float32), d1=self.d1, d2=self.d2, b2=self.b2, d3=self.d3,
+            d4=(np.float32(scale) * self.d4).astype(np.float32), w1a=w1a, w1b=w1b, w2a=w2a, w2b=w2b, w3a=w3a,
+            w3b=w3b, cond_vt=self.cond_vt, cond_u=self.cond_u, p1=self.p1, p2=self.p2,
+            ident=np.arange(self.n, dtype=np.int64))
+
+    @staticmethod
+    def residual(x: np.ndarray, record: HadamardMlp) -> np.ndarray:
+        """x + scale * mlp(zc_rmsnorm(x, pre)) for a `record` of this MLP, as a new (rows, width) array:
+        one fused kernel per block of rows, the rows split over the worker threads."""
+        out = np.array(x, dtype=np.float32, order="C", copy=True)
+        if K.GEMM_THREADS > 1 and out.shape[0] >= K.GEMM_SPLIT_ROWS:
+            run_split(lambda a, b: _hadamard_residual(out[a:b], record, NORM_EPS), out.shape[0])
+        else:
+            _hadamard_residual(out, record, NORM_EPS)
+        return out
 
     def _rows(self, x: np.ndarray) -> np.ndarray:
         rows = x.shape[0]

@@ -33,7 +33,7 @@ from .blocks import NORM_EPS, SINKHORN_ITERS
 from .rules import BEAMS
 from .kernels.simd import PACKED_BITS
 from .kernels.decoder import (
-    CrossAttention, HadamardMlp, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
+    CrossAttention, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
     _block_step, _packed_rows, compiled_for, _engram_hash, _engram_site, _levels_rows, _quant_codes, _quant_rotate,
 )
 from .kernels import integer as KI
@@ -225,7 +225,6 @@ class _Layer:
         self.cross_gate = _sigmoid_scalar(a(p + "cross_gate"))
         self.pre_hada = a(p + "pre_hada")
         self.mlp = B.HadamardMLP.from_cact(cact, p[:-1], d.width)
-        m = self.mlp
         # The weights `_block_step` reads, as its records (the per-clip ones come from `Decoder.start`).
         self.attn = SelfAttention(
             norm_in=self.norm_in, qkvg=self.qkvg.record(), gate_at=self.qkvg.offsets[3], q_taps=self.q_taps,
@@ -234,11 +233,7 @@ class _Layer:
         self.cross = CrossAttention(
             norm=self.cross_norm, qg=self.cqg.record(), q_norm=self.cq_norm, out=self.cout.record(),
             post_norm=self.post_cross_norm, gate=self.cross_gate)
-        (w1a, w1b), (w2a, w2b), (w3a, w3b) = m.factors
-        self.mlp_record = HadamardMlp(
-            pre=self.pre_hada, d1=m.d1, d2=m.d2, b2=m.b2, d3=m.d3, d4=m.d4, w1a=w1a, w1b=w1b, w2a=w2a,
-            w2b=w2b, w3a=w3a, w3b=w3b, cond_vt=m.cond_vt, cond_u=m.cond_u, p1=m.p1, p2=m.p2,
-            ident=np.arange(d.hada_n, dtype=np.int64))
+        self.mlp_record = self.mlp.record(self.pre_hada)
 
 
 # The largest embedding kept dense (float32) rather than packed with rows dequantised per step.

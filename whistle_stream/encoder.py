@@ -120,6 +120,9 @@ class EncoderBlock:
         self.dw = np.ascontiguousarray(cact.array(p + "dw"), np.float32)  # (conv_kernel, width)
         self.mlp0 = B.HadamardMLP.from_cact(cact, p + "hadamard_mlp_0", d.width)
         self.mlp = B.HadamardMLP.from_cact(cact, p + "hadamard_mlp", d.width)
+        # x + 0.5 * mlp(norm(x)), each as one fused kernel
+        self.half_mlp0 = self.mlp0.record(norm["pre_hada_norm_0"], 0.5)
+        self.half_mlp = self.mlp.record(norm["pre_hada_norm"], 0.5)
 
     def attention(self, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         t = h.shape[0]
@@ -136,7 +139,7 @@ class EncoderBlock:
 
     def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         n = self.norm
-        x = x + np.float32(0.5) * self.mlp0(B.zc_rmsnorm(x, n["pre_hada_norm_0"]))
+        x = B.HadamardMLP.residual(x, self.half_mlp0)
         h = self.attention(B.zc_rmsnorm(x, n["ZCRMSNorm_0"]), cos, sin)
         x = x + self.attn_gate * B.zc_rmsnorm(h, n["post_attn_norm"])
         h = self.pw1.quantised(B.zc_rmsnorm(x, n["conv_norm"]))  # (T, 2 * width)
@@ -148,7 +151,7 @@ class EncoderBlock:
         c = B.zc_rmsnorm(c, n["conv_out_norm"])
         B.silu_inplace(c)
         x = x + self.pw2.quantised(c)
-        return x + np.float32(0.5) * self.mlp(B.zc_rmsnorm(x, n["pre_hada_norm"]))
+        return B.HadamardMLP.residual(x, self.half_mlp)
 
 
 # ---------------------------------------------------------------- encoder

@@ -614,13 +614,16 @@ def _kron_rows_loop(z, a, b, perm, out):
 
 
 @_jit(GEMM_FASTMATH)
-def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b, cond_vt, cond_u,
-                       p1, p2, ident, eps):
-    """x += hadamard_mlp(zc_rmsnorm(x, pre)), in place (needle `HadamardMLP`, guide §6).
+def _hadamard_residual(x, mlp, eps):
+    """x += hadamard_mlp(zc_rmsnorm(x, mlp.pre)), in place, for a `HadamardMlp` record (needle
+    `HadamardMLP`, guide §6).
 
     cond = 1 + softmax(h @ cond_v) @ cond_u (cond_vt = cond_v.T, contiguous); z = kron1(d1 * pad(h))[p1];
     z = kron2(silu(d2 * cond * z + b2))[p2]; out = (d4 * kron3(d3 * z))[:C]. ident = arange(n).
     """
+    pre, d1, d2, b2, d3, d4 = mlp.pre, mlp.d1, mlp.d2, mlp.b2, mlp.d3, mlp.d4
+    w1a, w1b, w2a, w2b, w3a, w3b = mlp.w1a, mlp.w1b, mlp.w2a, mlp.w2b, mlp.w3a, mlp.w3b
+    cond_vt, cond_u, p1, p2, ident = mlp.cond_vt, mlp.cond_u, mlp.p1, mlp.p2, mlp.ident
     rows, width = x.shape
     n = d1.shape[0]
     rank = cond_vt.shape[0]
@@ -652,15 +655,15 @@ def _hadamard_residual(x, pre, d1, d2, b2, d3, d4, w1a, w1b, w2a, w2b, w3a, w3b,
             z[r, c] = d1[c] * h[r, c]
     y = np.empty((rows, n), np.float32)
     _kron_rows(z, w1a, w1b, p1, y)
-    pre = np.empty(n, np.float32)
+    arg = np.empty(n, np.float32)
     sig = np.empty(n, np.float32)
     bits = np.empty(n, np.int32)
     for r in range(rows):
         for k in range(n):
-            pre[k] = d2[k] * cond[r, k] * y[r, k] + b2[k]
-        _sigmoid_vec(pre, sig, bits)
+            arg[k] = d2[k] * cond[r, k] * y[r, k] + b2[k]
+        _sigmoid_vec(arg, sig, bits)
         for k in range(n):
-            y[r, k] = pre[k] * sig[k]
+            y[r, k] = arg[k] * sig[k]
     _kron_rows(y, w2a, w2b, p2, z)
     for r in range(rows):
         for k in range(n):
@@ -862,7 +865,8 @@ class CrossAttention(NamedTuple):
 
 
 class HadamardMlp(NamedTuple):
-    """`blocks.HadamardMLP`'s arrays, the Kronecker factors as (a, b) pairs."""
+    """`blocks.HadamardMLP`'s arrays for `_hadamard_residual` (`HadamardMLP.record`), the
+    Kronecker factors as (a, b) pairs; d4 carries the residual's scale."""
     pre: np.ndarray
     d1: np.ndarray
     d2: np.ndarray
@@ -954,6 +958,5 @@ def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start, layer):
     _gate_product(att.reshape((n, heads * dv)), y[:, heads * dq:], ca.out, o)
     _gated_residual(x, o, ca.post_norm, eps, ca.gate)
 
-    _hadamard_residual(x, mlp.pre, mlp.d1, mlp.d2, mlp.b2, mlp.d3, mlp.d4, mlp.w1a, mlp.w1b, mlp.w2a, mlp.w2b,
-                       mlp.w3a, mlp.w3b, mlp.cond_vt, mlp.cond_u, mlp.p1, mlp.p2, mlp.ident, eps)
+    _hadamard_residual(x, mlp, eps)
     _lanes_out(stream, hres, hpost, x, u, out)
