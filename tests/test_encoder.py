@@ -201,6 +201,20 @@ def test_embed_accepts_int16_and_other_rates(shaped, clips):
     assert engine.embed(pcm[::2].copy(), rate=8000).shape[0] == engine.frames_for(len(pcm[::2]) * 2)
 
 
+def test_the_stem_s_blocks_on_two_threads_are_one_thread_s_numbers(shaped, clips, monkeypatch):
+    """A long clip's stem blocks (STEM_BLOCK_FRAMES frames each) run on the worker threads at
+    once; each block's products run whole inside its thread, so the numbers are one thread's."""
+    from whistle_stream import encoder as E
+    from whistle_stream import kernels as K
+
+    model, engine, _ = shaped
+    feats = engine.features(clips["flite_12s"])
+    one = engine.stem(feats)
+    assert len(one) > 2 * E.STEM_BLOCK_FRAMES
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    assert np.array_equal(engine.stem(feats), one)
+
+
 @pytest.mark.reference
 def test_embed_split_over_two_threads_matches_the_reference_too(shaped, clips, monkeypatch):
     """kernels.GEMM_THREADS = 2 splits products, attention and the row maps by rows; BLAS may

@@ -286,6 +286,29 @@ def test_the_gate_in_blocks_reads_every_frame_as_the_whole_clip_at_once(monkeypa
     assert len(blocks) == 8 and np.array_equal(np.concatenate([p for _, _, p in blocks]), power)
 
 
+def test_the_front_end_split_over_ranges_or_threads_gives_the_whole_clip_s_numbers(monkeypatch):
+    """features(split=): the spectrum by frames and the mel energies by bands over any split
+    (uneven ranges called in turn, or the engine's two worker threads) are the whole clip's
+    numbers to the bit (the mel sums split by frames rounded differently)."""
+    from whistle_stream import blocks as B
+    from whistle_stream import kernels as K
+
+    calls = []
+
+    def uneven(fn, total):
+        bounds = [0, total // 5, total // 5 + 1, total]
+        calls.append(total)
+        for a, b in zip(bounds, bounds[1:]):
+            fn(a, b)
+
+    pcm = _speechlike(12.3)
+    whole = F.features(pcm, MEL, HOP, WIN)
+    assert np.array_equal(F.features(pcm, MEL, HOP, WIN, uneven), whole)
+    assert calls == [len(pcm) // HOP, MELS]
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    assert np.array_equal(F.features(pcm, MEL, HOP, WIN, B.run_split), whole)
+
+
 def test_a_long_clip_s_gate_and_loader_hold_no_clip_sized_temporaries():
     """Ten minutes (38 MB of float32): the loader makes its one sanitised copy, and the gate, the
     frame levels and the sound span hold no more than a few MB besides (the whole clip's power

@@ -34,7 +34,7 @@ def _f32_rows(x: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- elementwise and row maps
 
 
-def _split_rows(fn: Callable[[int, int], object], rows: int, size: int) -> None:
+def split_rows(fn: Callable[[int, int], object], rows: int, size: int) -> None:
     """fn(a, b) over all rows: split over kernels.GEMM_THREADS threads when the map touches at least
     kernels.SPLIT_ELEMENTS elements (a hand-off to the pool costs ~50-100 us here)."""
     if K.GEMM_THREADS > 1 and rows >= 2 and size >= K.SPLIT_ELEMENTS:
@@ -51,7 +51,7 @@ def fake_quant_int8(x: np.ndarray) -> np.ndarray:
     """
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    _split_rows(lambda a, b: K._fake_quant_rows(x2[a:b], out[a:b]), x2.shape[0], x2.size)
+    split_rows(lambda a, b: K._fake_quant_rows(x2[a:b], out[a:b]), x2.shape[0], x2.size)
     return out.reshape(np.shape(x))
 
 
@@ -60,7 +60,7 @@ def zc_rmsnorm(x: np.ndarray, scale: np.ndarray, eps: float = NORM_EPS) -> np.nd
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
     scale = np.asarray(scale, np.float32)
-    _split_rows(lambda a, b: K._zc_rmsnorm_rows(x2[a:b], scale, eps, out[a:b]), x2.shape[0], x2.size)
+    split_rows(lambda a, b: K._zc_rmsnorm_rows(x2[a:b], scale, eps, out[a:b]), x2.shape[0], x2.size)
     return out.reshape(np.shape(x))
 
 
@@ -68,7 +68,7 @@ def rms_unit(x: np.ndarray, eps: float = NORM_EPS) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) over the last axis (needle `_rms_unit`)."""
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    _split_rows(lambda a, b: K._rms_unit_rows(x2[a:b], eps, out[a:b]), x2.shape[0], x2.size)
+    split_rows(lambda a, b: K._rms_unit_rows(x2[a:b], eps, out[a:b]), x2.shape[0], x2.size)
     return out.reshape(np.shape(x))
 
 
@@ -76,7 +76,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, max-subtracted, float32."""
     x2 = _f32_rows(x)
     out = np.empty_like(x2)
-    _split_rows(lambda a, b: K._softmax_rows(x2[a:b], out[a:b]), x2.shape[0], x2.size)
+    split_rows(lambda a, b: K._softmax_rows(x2[a:b], out[a:b]), x2.shape[0], x2.size)
     return out.reshape(np.shape(x))
 
 
@@ -91,7 +91,7 @@ def silu_inplace(x: np.ndarray) -> None:
     """x <- x * sigmoid(x) for a float32 array (vectorised exp when C-contiguous)."""
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
-        _split_rows(lambda a, b: K._logistic_flat(flat[a * 512:b * 512], True), -(-flat.size // 512), flat.size)
+        split_rows(lambda a, b: K._logistic_flat(flat[a * 512:b * 512], True), -(-flat.size // 512), flat.size)
     else:
         K._logistic_rows(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1), True)
 
@@ -107,9 +107,9 @@ def sigmoid_inplace(x: np.ndarray) -> None:
     """x <- 1 / (1 + exp(-x)) for a float32 array of any strides (vectorised exp when C-contiguous)."""
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
-        _split_rows(lambda a, b: K._logistic_flat(flat[a * 512:b * 512], False), -(-flat.size // 512), flat.size)
+        split_rows(lambda a, b: K._logistic_flat(flat[a * 512:b * 512], False), -(-flat.size // 512), flat.size)
     elif x.ndim == 2:
-        _split_rows(lambda a, b: K._logistic_rows(x[a:b], False), x.shape[0], x.size)
+        split_rows(lambda a, b: K._logistic_rows(x[a:b], False), x.shape[0], x.size)
     else:
         K._logistic_rows(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1), False)
 
@@ -119,7 +119,7 @@ def sinkhorn(logits: np.ndarray, iters: int = SINKHORN_ITERS) -> np.ndarray:
     (needle `_sinkhorn`); logits (rows, n, n) -> (rows, n, n) float32."""
     logits = np.ascontiguousarray(logits, np.float32)
     out = np.empty_like(logits)
-    _split_rows(lambda a, b: K._sinkhorn_rows(logits[a:b], iters, out[a:b]), logits.shape[0],
+    split_rows(lambda a, b: K._sinkhorn_rows(logits[a:b], iters, out[a:b]), logits.shape[0],
                 logits.size * iters * 4)
     return out
 
@@ -363,7 +363,7 @@ class CQLinear:
         rows = x.shape[0]
         q = np.empty((rows, self.k_pad), np.int16)
         scales = np.empty(rows, np.float32)
-        _split_rows(lambda a, b: K._quant_rotate_rows(x[a:b], self.group, q[a:b], scales[a:b]), rows, x.size)
+        split_rows(lambda a, b: K._quant_rotate_rows(x[a:b], self.group, q[a:b], scales[a:b]), rows, x.size)
         split = K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS
         return integer_product(q, scales, self.integer, self.shape[0], split)
 
@@ -723,14 +723,14 @@ class LaneMixer:
         z = self.phi[layer](fake_quant_int8(rms_unit(x.reshape(rows, n * self.width))))  # (rows, 2n + n^2)
         hpre = sigmoid(self.a_pre[layer] * z[:, :n] + self.b_pre[layer] + (8 * lane - 4))
         u = np.empty((rows, self.width), np.float32)
-        _split_rows(lambda a, b: K._lane_combine(hpre[a:b], x[a:b], u[a:b]), rows, x.size)
+        split_rows(lambda a, b: K._lane_combine(hpre[a:b], x[a:b], u[a:b]), rows, x.size)
         y = np.ascontiguousarray(block(u), dtype=np.float32) - u
         hpost = 2 * sigmoid(self.a_post[layer] * z[:, n:2 * n] + self.b_post[layer] - 4 * (1 - lane))
         logits = (self.a_res[layer] * z[:, 2 * n:]).reshape(rows, n, n) + self.b_res[layer]
         hres = sinkhorn(logits)
         out = np.empty_like(x)
         hpost = np.ascontiguousarray(hpost, np.float32)
-        _split_rows(lambda a, b: K._lane_mix(hres[a:b], x[a:b], hpost[a:b], y[a:b], out[a:b]), rows, x.size)
+        split_rows(lambda a, b: K._lane_mix(hres[a:b], x[a:b], hpost[a:b], y[a:b], out[a:b]), rows, x.size)
         return out
 
     def collapse(self, x: np.ndarray) -> np.ndarray:

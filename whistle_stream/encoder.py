@@ -47,16 +47,22 @@ class Stem:
         Every stage is row-local in time (a stride-2 conv reads three input rows per output row;
         the pointwise maps, SiLU and the int8 fake-quant are per row), so the output is made
         STEM_BLOCK_FRAMES frames at a time from the feature rows they read: the first stage's
-        activation of 30 s (T/2 x mels/2 x channels) is never held whole.
+        activation of 30 s (T/2 x mels/2 x channels) is never held whole, and the blocks of a
+        long clip run on the worker threads at once.
         """
         feats = np.ascontiguousarray(feats, np.float32)
         sizes = [feats.shape[0]]
         for _ in range(self.stages):
             sizes.append(halve(sizes[-1]))
         out = np.empty((sizes[-1], self.out.shape[0]), np.float32)
-        for a in range(0, sizes[-1], STEM_BLOCK_FRAMES):
-            b = min(sizes[-1], a + STEM_BLOCK_FRAMES)
-            out[a:b] = self._block(feats, sizes, a, b)
+        starts = range(0, sizes[-1], STEM_BLOCK_FRAMES)
+
+        def blocks(i: int, j: int) -> None:
+            for a in starts[i:j]:
+                b = min(sizes[-1], a + STEM_BLOCK_FRAMES)
+                out[a:b] = self._block(feats, sizes, a, b)
+
+        B.run_split(blocks, len(starts))  # the blocks are independent: over the worker threads
         return out
 
     def _block(self, feats: np.ndarray, sizes: list[int], a: int, b: int) -> np.ndarray:
@@ -177,8 +183,11 @@ class Encoder:
         return n
 
     def features(self, pcm: np.ndarray) -> np.ndarray:
-        """§3 front end of float32 16 kHz samples: (samples // hop, mels)."""
-        return frontend.features(pcm, self.mel, self.dims.hop, self.dims.win)
+        """§3 front end of float32 16 kHz samples: (samples // hop, mels), by frames over the
+        worker threads for a long clip."""
+        d = self.dims
+        size = len(pcm) // d.hop * d.win  # the windowed samples the FFTs read
+        return frontend.features(pcm, self.mel, d.hop, d.win, lambda fn, n: B.split_rows(fn, n, size))
 
     def encode(self, feats: np.ndarray) -> np.ndarray:
         """Normalised log-mel features (T, mels) -> encoder output (frames, width) float32."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -30,6 +31,15 @@ GATE_MARGIN_DB = 5.0  # §8: speech only when the loud frame is this far above t
 GATE_POWER_FLOOR = 1e-20  # keeps log10 finite on digital silence; far below any real frame
 MAX_CHANNELS = 8
 _WAVE_PCM, _WAVE_FLOAT, _WAVE_EXTENSIBLE = 1, 3, 0xFFFE
+
+Split = Callable[[Callable[[int, int], object], int], None]
+"""split(fn, total) calls fn(a, b) over ranges that cover range(total) (the engine's worker
+threads: blocks.run_split); the front end's rows are independent, so any such split gives the
+same numbers."""
+
+
+def _whole(fn: Callable[[int, int], object], total: int) -> None:
+    fn(0, total)
 
 
 # ---------------------------------------------------------------- loading
@@ -221,29 +231,36 @@ def hann_symmetric(win: int) -> np.ndarray:
     return (0.5 - 0.5 * np.cos(2.0 * np.pi * i / (win - 1))).astype(np.float32)
 
 
-def power_spectrum(pcm: np.ndarray, hop: int, win: int, fft: int) -> np.ndarray:
+def power_spectrum(pcm: np.ndarray, hop: int, win: int, fft: int, split: Split = _whole) -> np.ndarray:
     """§3.3-3.5: (samples // hop, fft // 2 + 1) float32 power re^2 + im^2 of the symmetric-Hann
-    windowed frames; frame t reads samples hop*t - win/2 .. hop*t + win/2 - 1, zero outside."""
+    windowed frames; frame t reads samples hop*t - win/2 .. hop*t + win/2 - 1, zero outside.
+    The frames over `split` at once (numpy's FFT releases the GIL)."""
     frames = len(pcm) // hop
     power = np.empty((frames, fft // 2 + 1), np.float32)
-    for a, b, part in power_blocks(pcm, hop, win, fft, max(frames, 1)):
-        power[a:b] = part
+
+    def rows(first: int, end: int) -> None:
+        for a, b, part in power_blocks(pcm, hop, win, fft, max(end - first, 1), first, end):
+            power[a:b] = part
+
+    split(rows, frames)
     return power
 
 
-def power_blocks(pcm: np.ndarray, hop: int, win: int, fft: int, block_frames: int):
-    """`power_spectrum`'s rows `block_frames` at a time: yields (first frame, end frame, power),
-    each block's rows exactly those of the whole (a long clip's gate never holds all of them)."""
-    frames = len(pcm) // hop
-    if frames == 0:
+def power_blocks(pcm: np.ndarray, hop: int, win: int, fft: int, block_frames: int,
+                 first: int = 0, end: int | None = None):
+    """`power_spectrum`'s rows `block_frames` at a time from frame `first` to `end` (the last
+    frame when None): yields (first frame, end frame, power), each block's rows exactly those of
+    the whole (a long clip's gate never holds all of them)."""
+    frames = len(pcm) // hop if end is None else end
+    if frames <= first:
         return
     half = win // 2
     window = hann_symmetric(win)
     # numpy's float64 real FFT of an already zero-padded frame is faster than its float32 path
     # with n= padding, and more exact. Blocks of frames bound the float64 and complex
     # temporaries (30 s at once: ~35 MB); each frame's FFT is independent of the others.
-    framed = np.zeros((min(frames, FFT_BLOCK_FRAMES), fft), np.float64)
-    for a in range(0, frames, block_frames):
+    framed = np.zeros((min(frames - first, FFT_BLOCK_FRAMES), fft), np.float64)
+    for a in range(first, frames, block_frames):
         b = min(frames, a + block_frames)
         power = np.empty((b - a, fft // 2 + 1), np.float32)
         for c in range(a, b, FFT_BLOCK_FRAMES):
@@ -261,34 +278,44 @@ def power_blocks(pcm: np.ndarray, hop: int, win: int, fft: int, block_frames: in
         yield a, b, power
 
 
-def mel_energies(power: np.ndarray, mel: np.ndarray) -> np.ndarray:
-    """power (frames, bins) @ mel (bins, mels), one band at a time over its non-zero bins.
+def mel_energies(power: np.ndarray, mel: np.ndarray, split: Split = _whole) -> np.ndarray:
+    """power (frames, bins) @ mel (bins, mels), one band at a time over its non-zero bins, the
+    bands' ranges of `split` at once (by bands, not frames: each band's sums are the same
+    whatever the split).
 
     Each triangular filter spans a few bins, so this is ~30x fewer operations than the dense
     product (and BLAS is erratic at this odd inner size, 257).
     """
     out = np.zeros((mel.shape[1], power.shape[0]), np.float32)  # band-major, transposed at the end
-    # power is finite by construction (sanitised, levelled pcm), but numpy's dot reports the FPU's
-    # invalid flag without clearing it first, and a kernel earlier in this thread may have left it
-    # set (seen once in a 60-minute stream: "invalid value encountered in dot" on finite input).
-    with np.errstate(invalid="ignore"):
-        for band in range(mel.shape[1]):
-            nz = np.flatnonzero(mel[:, band])
-            if len(nz):
-                lo, hi = nz[0], nz[-1] + 1
+    spans = []
+    for band in range(mel.shape[1]):
+        nz = np.flatnonzero(mel[:, band])
+        if len(nz):
+            spans.append((band, nz[0], nz[-1] + 1))
+
+    def bands(a: int, b: int) -> None:
+        # power is finite by construction (sanitised, levelled pcm), but numpy's dot reports the
+        # FPU's invalid flag without clearing it first, and a kernel earlier in this thread may
+        # have left it set (seen once in a 60-minute stream: "invalid value encountered in dot"
+        # on finite input).
+        with np.errstate(invalid="ignore"):
+            for band, lo, hi in spans[a:b]:
                 np.dot(power[:, lo:hi], mel[lo:hi, band], out=out[band])
+
+    split(bands, len(spans))
     return out.T
 
 
-def log_mel(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int) -> np.ndarray:
+def log_mel(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int, split: Split = _whole) -> np.ndarray:
     """§3.3-3.8: (samples // hop, mels) float32 normalised log-mel features of a clip.
 
     mel is the file's (fft // 2 + 1, mels) filterbank; pcm is taken as already sanitised and
     levelled. Each channel is standardised over the clip with the n - 1 standard deviation.
+    The spectrum (by frames) and the mel energies (by bands) run over `split`.
     """
     fft = 2 * (mel.shape[0] - 1)
-    power = power_spectrum(pcm, hop, win, fft)
-    x = np.log(mel_energies(power, mel) + np.float32(LOG_FLOOR))
+    power = power_spectrum(pcm, hop, win, fft, split)
+    x = np.log(mel_energies(power, mel, split) + np.float32(LOG_FLOOR))
     if len(x) == 0:
         return x.astype(np.float32)
     x64 = x.astype(np.float64)
@@ -297,9 +324,9 @@ def log_mel(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int) -> np.ndarray:
     return ((x64 - mean) / (std + STD_EPS)).astype(np.float32)
 
 
-def features(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int) -> np.ndarray:
+def features(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int, split: Split = _whole) -> np.ndarray:
     """The whole §3 front end: sanitise, level, log-mel. float32 16 kHz in, (frames, mels) out."""
-    return log_mel(apply_level(sanitize(pcm)), mel, hop, win)
+    return log_mel(apply_level(sanitize(pcm)), mel, hop, win, split)
 
 
 # ---------------------------------------------------------------- §8 silence gate

@@ -85,8 +85,7 @@ class Whistle(ModelFile):
         d = self.dims
         if len(pcm) < d.hop:
             return np.zeros((0, d.width), np.float32)
-        feats = frontend.features(pcm, self.mel, d.hop, d.win)
-        return self.encoder.encode(feats)
+        return self.encoder.encode(self.encoder.features(pcm))
 
     # ---- decoder ---------------------------------------------------------------------------
     def logits(self, audio, tokens) -> np.ndarray:
