@@ -33,6 +33,9 @@ from .integer import _expand, _tile, _tile_codes  # noqa: E402
 # only the order of a float sum. Kernels that must round exactly like the reference
 # (fake-quant, norms) are compiled without it.
 GEMM_FASTMATH = {"reassoc", "contract", "nsz"}
+# The exp's polynomial and the maps around it fused into multiply-adds: every sum keeps its order,
+# each step rounds once instead of twice (silu 0.65 -> 0.51 ns an element, the error unchanged).
+EXP_FASTMATH = {"contract"}
 # Up to this many rows the hand-written row kernel beats numpy's BLAS (one BLAS thread,
 # [1024,512]: 5 rows 129 vs 328 us, 12 rows 315 vs 371 us; at 375 rows BLAS wins ~66 GFLOP/s).
 SMALL_ROWS = 12
@@ -436,7 +439,7 @@ def _sum_flat(x, n):
     return s
 
 
-@_jit()
+@_jit(EXP_FASTMATH)
 def _softmax_rows(x, out):
     """out[r] = exp(x[r] - max) / sum over each row (x may be out); the vectorised exp, max and sum."""
     rows, d = x.shape
@@ -562,7 +565,7 @@ def _sinkhorn_rows(logits, iters, out):
 EXP_CHUNK = 2048  # elements per pass of the vectorised exp (scratch stays in L1)
 
 
-@_jit()
+@_jit(EXP_FASTMATH)
 def _logistic_flat(x, times_x):
     """x <- (x if times_x else 1) / (1 + exp(-x)) over a flat float32 array: SiLU or sigmoid,
     with the vectorised `_exp_neg` a chunk at a time."""
@@ -584,7 +587,7 @@ def _logistic_flat(x, times_x):
                 xs[i] = one / (one + e[i])
 
 
-@_jit()
+@_jit(EXP_FASTMATH)
 def _logistic_rows(x, times_x):
     """`_logistic_flat` for a 2-D array of any strides, a row at a time through scratch."""
     for r in range(x.shape[0]):

@@ -646,11 +646,15 @@ def _hadamard_residual(x, mlp, eps):
             total += e[m]
         for m in range(rank):
             e[m] = e[m] / total
+        c_r = cond[r]
         for k in range(n):
-            acc = np.float32(0.0)
-            for m in range(rank):
-                acc += e[m] * cond_u[m, k]
-            cond[r, k] = acc + np.float32(1.0)
+            c_r[k] = np.float32(0.0)
+        for m in range(rank):  # by rows of cond_u: vectors along k, no reduction per k
+            em = e[m]
+            for k in range(n):
+                c_r[k] += em * cond_u[m, k]
+        for k in range(n):
+            c_r[k] += np.float32(1.0)
         for c in range(width):
             z[r, c] = d1[c] * h[r, c]
     y = np.empty((rows, n), np.float32)
