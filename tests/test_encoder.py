@@ -85,18 +85,22 @@ def test_stem_kernel_rows_are_time_major_and_not_flipped():
 def test_depthwise_time_conv_is_same_padded_and_unflipped():
     g, w = rand(11, 5), rand(9, 5)
     out = np.empty_like(g)
-    EK._conv_time(g, w, out)
+    EK._conv_time(g, w, 0, 11, out)
     gp = np.pad(g, ((4, 4), (0, 0)))
     want = sum(gp[k:k + 11] * w[k] for k in range(9))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     flipped = sum(gp[k:k + 11] * w[8 - k] for k in range(9))
     assert np.abs(out - flipped).max() > 1e-2
+    parts = np.full_like(g, np.nan)  # rows in ranges (the worker threads' split): the same numbers
+    for a, b in ((0, 3), (3, 4), (4, 11)):
+        EK._conv_time(g, w, a, b, parts)
+    assert np.array_equal(parts, out)
 
 
 def test_odd_kernel_width_pads_evenly():
     g, w = rand(6, 3), rand(7, 3)
     out = np.empty_like(g)
-    EK._conv_time(g, w, out)
+    EK._conv_time(g, w, 0, 6, out)
     gp = np.pad(g, ((3, 3), (0, 0)))
     np.testing.assert_allclose(out, sum(gp[k:k + 6] * w[k] for k in range(7)), rtol=1e-5, atol=1e-6)
 

@@ -120,7 +120,7 @@ def sinkhorn(logits: np.ndarray, iters: int = SINKHORN_ITERS) -> np.ndarray:
     logits = np.ascontiguousarray(logits, np.float32)
     out = np.empty_like(logits)
     split_rows(lambda a, b: K._sinkhorn_rows(logits[a:b], iters, out[a:b]), logits.shape[0],
-                logits.size * iters * 4)
+                logits.size * iters)  # an entry's round: a vector lane's add and multiply
     return out
 
 

@@ -153,7 +153,8 @@ class EncoderBlock:
         B.sigmoid_inplace(g)
         g *= h[:, :self.width]  # GLU: first half times sigmoid of the second
         c = np.empty((x.shape[0], self.width), np.float32)
-        _conv_time(np.ascontiguousarray(g), self.dw, c)
+        g = np.ascontiguousarray(g)
+        B.split_rows(lambda a, b: _conv_time(g, self.dw, a, b, c), len(c), g.size * len(self.dw))
         c = B.zc_rmsnorm(c, n["conv_out_norm"])
         B.silu_inplace(c)
         x = x + self.pw2.quantised(c)

@@ -517,49 +517,65 @@ def _sinkhorn_rows(logits, iters, out):
     needle `_sinkhorn` subtracts logsumexp over rows then columns; subtracting a log-sum in the
     log domain is dividing by the sum after exp, so the same rounds run on exp(logits - row max)
     with n^2 exps per matrix instead of 2 n^2 per round (the same numbers to float rounding).
-    A matrix whose exps underflow a whole column takes the log-domain loop.
+    The rounds run on every matrix at once, entry (i, j) of each side by side (work (n, n, rows)),
+    so they vectorise across the matrices; each matrix's sums keep their order. A matrix whose
+    exps underflow a whole column takes the log-domain loop.
     """
     rows, n, _ = logits.shape
-    work = np.empty((n, n), np.float32)
+    work = np.empty((n, n, rows), np.float32)
+    ok = np.empty(rows, np.bool_)
     for r in range(rows):
-        o = out[r]
         for i in range(n):
             m = logits[r, i, 0]
             for j in range(1, n):
                 m = max(m, logits[r, i, j])
             for j in range(n):
-                o[i, j] = np.exp(logits[r, i, j] - m)
-        ok = True
+                work[i, j, r] = np.exp(logits[r, i, j] - m)
+        ok[r] = True
         for j in range(n):
             s = np.float32(0.0)
             for i in range(n):
-                s += o[i, j]
+                s += work[i, j, r]
             if not s > _SINKHORN_TINY:
-                ok = False
-        if ok:
-            for _ in range(iters):
-                for i in range(n):
-                    s = np.float32(0.0)
-                    for j in range(n):
-                        s += o[i, j]
-                    inv = np.float32(1.0) / s
-                    for j in range(n):
-                        o[i, j] *= inv
+                ok[r] = False
+    total = np.empty(rows, np.float32)
+    one = np.float32(1.0)
+    for _ in range(iters):   # every matrix, the log-domain ones' entries overwritten below
+        for i in range(n):
+            total[:] = 0.0
+            for j in range(n):
+                for r in range(rows):
+                    total[r] += work[i, j, r]
+            for r in range(rows):
+                total[r] = one / total[r]
+            for j in range(n):
+                for r in range(rows):
+                    work[i, j, r] *= total[r]
+        for j in range(n):
+            total[:] = 0.0
+            for i in range(n):
+                for r in range(rows):
+                    total[r] += work[i, j, r]
+            for r in range(rows):
+                total[r] = one / total[r]
+            for i in range(n):
+                for r in range(rows):
+                    work[i, j, r] *= total[r]
+    single = np.empty((n, n), np.float32)
+    for r in range(rows):
+        o = out[r]
+        if ok[r]:
+            for i in range(n):
                 for j in range(n):
-                    s = np.float32(0.0)
-                    for i in range(n):
-                        s += o[i, j]
-                    inv = np.float32(1.0) / s
-                    for i in range(n):
-                        o[i, j] *= inv
+                    o[i, j] = work[i, j, r]
             continue
         for i in range(n):
             for j in range(n):
-                work[i, j] = logits[r, i, j]
-        _sinkhorn_log(work, iters)
+                single[i, j] = logits[r, i, j]
+        _sinkhorn_log(single, iters)
         for i in range(n):
             for j in range(n):
-                o[i, j] = np.exp(work[i, j])
+                o[i, j] = np.exp(single[i, j])
 
 
 EXP_CHUNK = 2048  # elements per pass of the vectorised exp (scratch stays in L1)

@@ -73,14 +73,14 @@ def _stem_depthwise(x, w, out):
 
 
 @njit(fastmath=GEMM_FASTMATH, **JIT_OPTIONS)
-def _conv_time(g, w, out):
+def _conv_time(g, w, first, last, out):
     """Depthwise conv over time, "SAME" zero padding, the kernel applied unflipped
-    (lax.conv_general_dilated is a cross-correlation): out[t, c] = sum_k g[t + k - (K-1)//2, c] * w[k, c].
-    g (T, C), w (K, C)."""
+    (lax.conv_general_dilated is a cross-correlation): out[t, c] = sum_k g[t + k - (K-1)//2, c] * w[k, c]
+    for the rows t in [first, last). g (T, C), w (K, C), out (T, C)."""
     t_dim = g.shape[0]
     taps, c_dim = w.shape
     left = (taps - 1) // 2
-    for t in range(t_dim):
+    for t in range(first, last):
         o = out[t]
         for c in range(c_dim):
             o[c] = 0.0
