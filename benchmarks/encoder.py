@@ -11,9 +11,10 @@ Both sides run the whole embed path (front end with level gain, stem, encoder) o
 warm (JIT compiled, caches loaded), alternating so machine load hits both alike. Prints best and
 median wall time, their ratio, the cosine between the outputs and the peak RSS of the process
 of our engine alone (measured in a child process that never imports JAX) and of the whole run.
-On a CPU with the integer products (kernels/integer.py, AVX-512 VNNI) the engine runs both ways
-in the same run, integer and float products, each with its cosine to the reference, its times
-and the peak RSS of a child that builds only that path (WHISTLE_INTEGER=1 or 0).
+On a CPU with the integer products (kernels/integer.py: AVX-512 VNNI, or the AVX2 path) the
+engine runs both ways in the same run, integer and float products, each with its cosine to the
+reference, its times and the peak RSS of a child that builds only that path (WHISTLE_INTEGER=1
+or 0). Under WHISTLE_JIT_TARGET=x86-64-v3 an AVX-512 host compiles and times the AVX2 path.
 
 With --engine, this checkout's engine runs against the engine of another checkout (a git worktree
 of the previous commit, say) instead of the reference: each in its own child process that loads
@@ -174,7 +175,7 @@ def main() -> None:
 
     products = [p for p in args.products.split(",") if p == "float" or (p == "integer" and integer.AVAILABLE)]
     if not products:
-        ap.error(f"--products {args.products}: none of these runs here (integer needs AVX-512 VNNI)")
+        ap.error(f"--products {args.products}: none of these runs here (integer needs AVX-512 VNNI or AVX2)")
 
     def use(product: str) -> None:
         kernels.INTEGER_PRODUCTS = product == "integer"

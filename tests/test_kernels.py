@@ -330,6 +330,56 @@ def test_integer_products_equal_their_int64_twin_exactly(bits, rows, columns):
 
 
 @needs_integer
+@pytest.mark.parametrize("rows, keys, d", [(1, 16, 2), (6, 48, 48), (13, 80, 48), (130, 400, 64)])
+def test_integer_scores_equal_their_int64_twin_exactly(rows, keys, d):
+    """Attention's scores from int8 codes (`_integer_scores` over `integer.key_levels`): with
+    scales and norms 1 each is the int64 dot product of the codes as float32, bit for bit, row
+    and block tails included, and -128 x -128 everywhere (the largest sum) too."""
+    rng = np.random.default_rng([rows, keys, d])
+    a = rng.integers(-128, 128, (rows, d)).astype(np.int16)
+    kc = rng.integers(-128, 128, (keys, d)).astype(np.int16)
+    a[0], kc[0] = -128, -128
+    out = np.full((rows, keys), np.nan, np.float32)
+    K._integer_scores(a, np.ones(rows, np.float32), KI.key_levels(kc), np.ones((keys // 16, 1, 16), np.float32), out)
+    want = (a.astype(np.int64) @ kc.astype(np.int64).T).astype(np.float32)
+    assert want[0, 0] == d * 128 * 128
+    np.testing.assert_array_equal(out, want)
+
+
+def test_int8_rows_are_the_fake_quant_s_codes_and_scales():
+    x = (RNG.standard_normal((9, 13)) * 3).astype(np.float32)
+    x[3] = 0.0
+    codes, scales = np.full((9, 14), 99, np.int16), np.empty(9, np.float32)
+    K._int8_rows(x, codes, scales)
+    want, scale = twin_int8_codes(x)
+    np.testing.assert_array_equal(codes[:, :13], want)
+    assert (codes[:, 13] == 0).all()
+    np.testing.assert_array_equal(scales, np.asarray(scale, np.float32).reshape(-1))
+    np.testing.assert_array_equal(codes[:, :13] * scales[:, None], B.fake_quant_int8(x))
+
+
+@needs_integer
+@pytest.mark.parametrize("tq, d", [(150, 48), (9, 7)])
+def test_attend_int8_is_attend_of_the_fake_quantised_queries_and_keys(tq, d, monkeypatch):
+    """The encoder's attention on the integer scores against `attend` of fake_quant_int8's floats
+    (the float path): the same to float rounding (scores up to ~30 here, each a few ulps apart: the
+    integer sums are exact, the float ones are not); two threads give one thread's numbers."""
+    rng = np.random.default_rng([tq, d])
+    q = (rng.standard_normal((tq, 8, d)) * 2).astype(np.float32)
+    k = (rng.standard_normal((tq, 2, d)) * 2).astype(np.float32)
+    v = B.fake_quant_int8(rng.standard_normal((tq, 2, 16)).astype(np.float32))
+    got = B.attend_int8(q, k, v)
+    want = B.attend(B.fake_quant_int8(q), B.fake_quant_int8(k), v)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+    monkeypatch.setattr(K, "INTEGER_PRODUCTS", False)
+    assert np.array_equal(B.attend_int8(q, k, v), want)
+    monkeypatch.setattr(K, "INTEGER_PRODUCTS", True)
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    monkeypatch.setattr(K, "GEMM_SPLIT_ROWS", 8)
+    assert np.array_equal(B.attend_int8(q, k, v), got)
+
+
+@needs_integer
 def test_integer_products_of_some_column_blocks_write_only_those():
     rng = np.random.default_rng(5)
     w, levels = _integer_case(rng, 2, 6, 80, 256)

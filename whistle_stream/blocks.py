@@ -522,6 +522,56 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_valid: np.ndarray | 
     return out
 
 
+def attend_int8(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """`attend` of fake_quant_int8(q) and fake_quant_int8(k) (per row and head: the encoder's int8
+    queries and keys), unmasked: q (Tq, H, d), k (Tk, KV, d), v (Tk, KV, dv) -> (Tq, H * dv).
+
+    With the integer products on (`kernels.INTEGER_PRODUCTS`) a score is the int8 codes' dot
+    product, exact in int32 (`kernels._integer_scores`), times the query's scale and the key's
+    scale over sqrt(d); else `attend` of the fake-quantised floats. Blocks of ATTEND_BLOCK_ROWS
+    query rows of a KV head run on the shared pool."""
+    if not K.INTEGER_PRODUCTS:
+        return attend(fake_quant_int8(q), fake_quant_int8(k), v)
+    tq, heads, d = q.shape
+    tk, kv_heads, dv = v.shape
+    group = heads // kv_heads
+    d_pad = d + d % 2           # whole int16 pairs
+    keys = -(-tk // KI.COLUMNS) * KI.COLUMNS
+    kc = np.zeros((kv_heads, keys, d_pad), np.int16)   # keys past tk: zero codes, scale 1
+    ks = np.ones((kv_heads, keys), np.float32)
+    kt = np.ascontiguousarray(k.transpose(1, 0, 2), np.float32)
+    rows = group * tq            # a KV head's query rows: (head in group, query)
+    qt = np.ascontiguousarray(q.transpose(1, 0, 2), np.float32).reshape(kv_heads, rows, d)
+    qc = np.empty((kv_heads, rows, d_pad), np.int16)
+    qs = np.empty((kv_heads, rows), np.float32)
+    for g in range(kv_heads):
+        K._int8_rows(kt[g], kc[g, :tk], ks[g, :tk])
+        K._int8_rows(qt[g], qc[g], qs[g])
+    levels = [KI.key_levels(kc[g]) for g in range(kv_heads)]
+    norms = [(ks[g] * np.float32(1.0 / np.sqrt(d))).reshape(-1, 1, KI.COLUMNS) for g in range(kv_heads)]
+    vh = np.zeros((kv_heads, keys, dv), np.float32)  # the padded keys' values zero
+    vh[:, :tk] = v.transpose(1, 0, 2)
+    o = np.empty((kv_heads, rows, dv), np.float32)
+
+    def blocks(i: int, j: int) -> None:  # blocks i..j-1 of ATTEND_BLOCK_ROWS rows of every KV head
+        s = np.empty((ATTEND_BLOCK_ROWS, keys), np.float32)
+        for g in range(kv_heads):
+            for r0 in range(i * ATTEND_BLOCK_ROWS, min(j * ATTEND_BLOCK_ROWS, rows), ATTEND_BLOCK_ROWS):
+                r1 = min(rows, r0 + ATTEND_BLOCK_ROWS)
+                n = r1 - r0
+                K._integer_scores(qc[g, r0:r1], qs[g, r0:r1], levels[g], norms[g], s[:n])
+                s[:n, tk:] = -np.inf   # the padded keys: exp 0, whole rows for the softmax
+                K._softmax_rows(s[:n], s[:n])
+                np.matmul(s[:n], vh[g], out=o[g, r0:r1])
+
+    count = -(-rows // ATTEND_BLOCK_ROWS)
+    if K.GEMM_THREADS > 1 and tq >= K.GEMM_SPLIT_ROWS:
+        run_split(blocks, count)
+    else:
+        blocks(0, count)
+    return np.ascontiguousarray(o.reshape(heads, tq, dv).transpose(1, 0, 2)).reshape(tq, heads * dv)
+
+
 # Queries per score block: the scores of a block are (heads, rows, Tk) float32, so a 30 s clip's
 # (375 keys) take 1.5 MB a block instead of 4.5 MB for all its queries at once.
 ATTEND_BLOCK_ROWS = 128

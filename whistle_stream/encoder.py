@@ -135,10 +135,9 @@ class EncoderBlock:
         q, k, v, g = np.split(self.qkvg.quantised(h), self.splits, axis=1)
         q = B.zc_rmsnorm(q.reshape(t, self.heads, self.qk_dim), self.q_norm)
         k = B.zc_rmsnorm(k.reshape(t, self.kv_heads, self.qk_dim), self.k_norm)
-        q = B.fake_quant_int8(B.apply_rope(q, cos, sin))  # per-head int8 (maybe_quant_query)
-        k = B.fake_quant_int8(B.apply_rope(k, cos, sin))  # per-head int8 KV
         v = B.fake_quant_int8(v.reshape(t, self.kv_heads, self.v_dim))
-        o = B.attend(q, k, v)  # (T, heads * v_dim), bidirectional over the clip
+        # per-head int8 queries (maybe_quant_query) and keys (the int8 KV), bidirectional over the clip
+        o = B.attend_int8(B.apply_rope(q, cos, sin), B.apply_rope(k, cos, sin), v)  # (T, heads * v_dim)
         B.sigmoid_inplace(g)
         o *= g
         return self.out_proj.quantised(o)

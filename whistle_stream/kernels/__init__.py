@@ -692,6 +692,43 @@ def _quant_rotate_rows(x, group, out, scales):
 
 
 @_jit()
+def _int8_rows(x, codes, scales):
+    """Each row's int8 codes as int16 (`_int8_code` on its `_int8_scale`: fake_quant_int8(x) is
+    codes * scales), zero past x's columns: x (R, K) float32, codes (R, >= K) int16, scales (R,)."""
+    rows, d = x.shape
+    for r in range(rows):
+        xr = np.ascontiguousarray(x[r])
+        scale = _int8_scale(xr)
+        scales[r] = scale
+        c = codes[r]
+        for k in range(d):
+            c[k] = np.int16(_int8_code(xr[k], scale))
+        for k in range(d, codes.shape[1]):
+            c[k] = 0
+
+
+@_jit()
+def _integer_scores(a, scales, levels, norms, out):
+    """out[m, 16 j + c] = scales[m] * norms[j, 0, c] * (a[m] . the codes of column 16 j + c), the
+    dot product of int8 codes exact in int32 (`integer._tile`, one span of the whole row): a (R, K)
+    int16 codes with their scales (R,), levels (B, K / 2, 32) int16 in `integer.key_levels`'
+    layout, norms (B, 1, 16) float32, out (R, >= 16 B) float32 (any row stride)."""
+    rows = a.shape[0]
+    blocks = levels.shape[0]
+    span = 2 * levels.shape[1]
+    b = 0
+    while b < blocks:
+        nr = _NR if blocks - b >= _NR else 1
+        o = out[:, _integer.COLUMNS * b:]
+        for m in range(0, rows, _MR):
+            if nr == _NR:
+                _tile(a, levels[b:b + nr], norms[b:b + nr], scales, m, span, _MR, _NR, o)
+            else:
+                _tile(a, levels[b:b + nr], norms[b:b + nr], scales, m, span, _MR, 1, o)
+        b += nr
+
+
+@_jit()
 def _integer_gemm(a, scales, w, first, last, out):
     """out[:, 16 first : 16 last] = the integer product (integer.py) of a `integer.IntegerMatrix`'s
     column blocks [first, last): a (R, K_pad) int16 from `_quant_rotate_rows` with its scales (R,);

@@ -149,6 +149,15 @@ def vnni_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     return np.ascontiguousarray(np.bitwise_or.reduce(lanes << shifts, axis=2), dtype=np.uint16)
 
 
+def key_levels(codes: np.ndarray) -> np.ndarray:
+    """int8 codes (N, K) as int16, N a multiple of COLUMNS and K even, in `_tile`'s levels layout
+    (N / 16, K / 2, 32): vector (b, p) lane 2 c + i holds row 16 b + c's code at input 2 p + i
+    (attention's keys, each a column of the scores)."""
+    n, k = codes.shape
+    return np.ascontiguousarray(np.asarray(codes, np.int16).reshape(n // COLUMNS, COLUMNS, k // 2, 2)
+                                .transpose(0, 2, 1, 3).reshape(n // COLUMNS, k // 2, PAIR_LANES))
+
+
 def block_norms(norms: np.ndarray) -> np.ndarray:
     """Per-group scales (N, G) float32 as (N / 16, G, 16): a column block's 16 scales of a group
     in one vector."""
