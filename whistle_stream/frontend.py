@@ -23,6 +23,7 @@ LEVEL_TARGET = 0.1  # §3.2: the loud block's RMS after the gain
 LEVEL_FLOOR = 1e-6  # §3.2: below this the clip is left alone
 LOG_FLOOR = 2.0 ** -24  # §3.7: log(x + 2^-24)
 STD_EPS = 1e-5  # §3.8: (x - mean) / (std + 1e-5)
+LEVEL_CHUNK = 1 << 16  # samples per float64 step of the level gain (bounds its temporaries)
 FFT_BLOCK_FRAMES = 256  # frames per block of the power spectrum (bounds its temporaries, not its result)
 GATE_BLOCK_FRAMES = 3000  # frames the silence gate reads at a time (30 s at the 10 ms hop: a pass's clip in one)
 GATE_BAND_HZ = (250.0, 3500.0)  # §8: bands whose filters lie inside this range feed the gate
@@ -212,17 +213,29 @@ def level_gain(pcm: np.ndarray) -> float:
     blocks = len(pcm) // LEVEL_BLOCK
     if blocks == 0:
         return 1.0
-    x = np.asarray(pcm[:blocks * LEVEL_BLOCK], np.float64).reshape(blocks, LEVEL_BLOCK)
-    loud = _select(np.sqrt((x * x).mean(axis=1)), LEVEL_QUANTILE)
+    rms = np.empty(blocks)
+    step = LEVEL_CHUNK // LEVEL_BLOCK
+    for a in range(0, blocks, step):   # each block's mean is its own: any chunking gives the same
+        b = min(blocks, a + step)
+        x = np.asarray(pcm[a * LEVEL_BLOCK:b * LEVEL_BLOCK], np.float64).reshape(b - a, LEVEL_BLOCK)
+        rms[a:b] = np.sqrt((x * x).mean(axis=1))
+    loud = _select(rms, LEVEL_QUANTILE)
     return LEVEL_TARGET / loud if loud > LEVEL_FLOOR else 1.0
 
 
-def apply_level(pcm: np.ndarray) -> np.ndarray:
-    """pcm scaled by `level_gain` (product in float64, rounded to float32 once)."""
+def apply_level(pcm: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """pcm scaled by `level_gain` (product in float64, rounded to float32 once), into `out` (a new
+    float32 array when None; pcm itself for the front end's own copy), LEVEL_CHUNK samples at a
+    time: no clip-sized float64 temporaries (fresh pages cost more than the arithmetic here)."""
     gain = level_gain(pcm)
-    if gain == 1.0:
-        return np.array(pcm, dtype=np.float32, copy=True)
-    return (np.asarray(pcm, np.float64) * gain).astype(np.float32)
+    if out is None:
+        out = np.array(pcm, dtype=np.float32, copy=True)
+    elif out is not pcm:
+        out[:] = pcm
+    if gain != 1.0:
+        for a in range(0, len(pcm), LEVEL_CHUNK):
+            out[a:a + LEVEL_CHUNK] = np.asarray(pcm[a:a + LEVEL_CHUNK], np.float64) * gain
+    return out
 
 
 def hann_symmetric(win: int) -> np.ndarray:
@@ -326,7 +339,8 @@ def log_mel(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int, split: Split =
 
 def features(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int, split: Split = _whole) -> np.ndarray:
     """The whole §3 front end: sanitise, level, log-mel. float32 16 kHz in, (frames, mels) out."""
-    return log_mel(apply_level(sanitize(pcm)), mel, hop, win, split)
+    own = sanitize(pcm)
+    return log_mel(apply_level(own, out=own), mel, hop, win, split)
 
 
 # ---------------------------------------------------------------- §8 silence gate
