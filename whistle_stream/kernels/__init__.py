@@ -510,6 +510,26 @@ def _sinkhorn_log(work, iters):
                 work[i, j] -= lse
 
 
+@njit(inline="always", **JIT_OPTIONS)
+def _normalise_lines(work, total, by_rows):
+    """Each row (by_rows) or column of every matrix in work (n, n, matrices) divided by its sum,
+    the matrices side by side in the innermost loops; total: (matrices,) scratch."""
+    n = work.shape[0]
+    one = np.float32(1.0)
+    for a in range(n):
+        total[:] = 0.0
+        for b in range(n):
+            line = work[a, b] if by_rows else work[b, a]
+            for r in range(line.shape[0]):
+                total[r] += line[r]
+        for r in range(total.shape[0]):
+            total[r] = one / total[r]
+        for b in range(n):
+            line = work[a, b] if by_rows else work[b, a]
+            for r in range(line.shape[0]):
+                line[r] *= total[r]
+
+
 @_jit()
 def _sinkhorn_rows(logits, iters, out):
     """exp of `iters` rounds of log-domain row then column normalisation, per (n, n) matrix.
@@ -539,28 +559,9 @@ def _sinkhorn_rows(logits, iters, out):
             if not s > _SINKHORN_TINY:
                 ok[r] = False
     total = np.empty(rows, np.float32)
-    one = np.float32(1.0)
     for _ in range(iters):   # every matrix, the log-domain ones' entries overwritten below
-        for i in range(n):
-            total[:] = 0.0
-            for j in range(n):
-                for r in range(rows):
-                    total[r] += work[i, j, r]
-            for r in range(rows):
-                total[r] = one / total[r]
-            for j in range(n):
-                for r in range(rows):
-                    work[i, j, r] *= total[r]
-        for j in range(n):
-            total[:] = 0.0
-            for i in range(n):
-                for r in range(rows):
-                    total[r] += work[i, j, r]
-            for r in range(rows):
-                total[r] = one / total[r]
-            for i in range(n):
-                for r in range(rows):
-                    work[i, j, r] *= total[r]
+        _normalise_lines(work, total, True)
+        _normalise_lines(work, total, False)
     single = np.empty((n, n), np.float32)
     for r in range(rows):
         o = out[r]
