@@ -360,25 +360,34 @@ class CQLinear:
         x = self._input(x)
         if self.integer is None or not K.INTEGER_PRODUCTS:
             return self(fake_quant_int8(x))
-        rows = x.shape[0]
-        q = np.empty((rows, self.k_pad), np.int16)
-        scales = np.empty(rows, np.float32)
-        split_rows(lambda a, b: K._quant_rotate_rows(x[a:b], self.group, q[a:b], scales[a:b]), rows, x.size)
-        split = K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS
-        return integer_product(q, scales, self.integer, self.shape[0], split)
+        return integer_product(x, self.group, self.k_pad, self.integer, self.shape[0], False)
 
 
-def integer_product(q: np.ndarray, scales: np.ndarray, w: "KI.IntegerMatrix", columns: int,
+def integer_product(x: np.ndarray, group: int, k_pad: int, w: "KI.IntegerMatrix", columns: int,
                     split: bool) -> np.ndarray:
-    """(rows, columns) float32: `kernels._integer_gemm` of rotated int8 codes q (rows, K_pad) int16
-    with their scales, over the shared pool by column blocks where `split`; the columns the matrix
-    was padded with to whole 16-column blocks dropped (contiguous)."""
+    """(rows, columns) float32: `kernels._integer_gemm` of x's rotated int8 codes (rows, K_pad)
+    int16 (`kernels._quant_rotate_rows`) with their scales. Many rows (GEMM_SPLIT_ROWS, with
+    GEMM_THREADS > 1) are split by rows over the shared pool, each part quantising its own rows and
+    taking every column (no quantisation before the hand-off); fewer by column blocks where `split`.
+    A row's sums are the same either way. The columns the matrix was padded with to whole
+    16-column blocks dropped (contiguous)."""
+    rows = x.shape[0]
     blocks = w.codes.shape[0]
-    out = np.empty((q.shape[0], KI.COLUMNS * blocks), np.float32)
-    if split:
+    q = np.empty((rows, k_pad), np.int16)
+    scales = np.empty(rows, np.float32)
+    out = np.empty((rows, KI.COLUMNS * blocks), np.float32)
+
+    def by_rows(a: int, b: int) -> None:
+        K._quant_rotate_rows(x[a:b], group, q[a:b], scales[a:b])
+        K._integer_gemm(q[a:b], scales[a:b], w, 0, blocks, out[a:b])
+
+    if K.GEMM_THREADS > 1 and rows >= K.GEMM_SPLIT_ROWS:
+        run_split(by_rows, rows)
+    elif split:
+        K._quant_rotate_rows(x, group, q, scales)
         run_split(lambda a, b: K._integer_gemm(q, scales, w, a, b, out), blocks)
     else:
-        K._integer_gemm(q, scales, w, 0, blocks, out)
+        by_rows(0, rows)
     return out if out.shape[1] == columns else np.ascontiguousarray(out[:, :columns])
 
 

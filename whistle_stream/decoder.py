@@ -172,10 +172,7 @@ class _LevelsLinear:
         rows = h.shape[0]
         split = K.GEMM_THREADS > 1 and self.shape[0] * self.k_pad >= K.SPLIT_WEIGHTS
         if self.integer is not None:
-            q = np.empty((rows, self.k_pad), np.int16)
-            scales = np.empty(rows, np.float32)
-            K._quant_rotate_rows(h, self.group, q, scales)
-            return B.integer_product(q, scales, self.integer, self.shape[0], split)
+            return B.integer_product(h, self.group, self.k_pad, self.integer, self.shape[0], split)
         xr = np.zeros((rows, self.k_pad), np.float32)
         _quant_rotate(h, self.group, xr)
         out = np.empty((rows, self.shape[0]), np.float32)
