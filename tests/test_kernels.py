@@ -565,7 +565,9 @@ def test_attend_causal_sees_only_earlier_positions():
 
 
 @pytest.mark.parametrize("width,n", [(128, 128), (96, 128)])
-def test_hadamard_mlp_matches_einsum_twin(width, n):
+def test_hadamard_mlp_matches_einsum_twin(width, n, monkeypatch):
+    """`HadamardMLP.residual` (the fused kernel) against x + scale * twin(zc_rmsnorm(x, pre)); the
+    rows split over two threads give one thread's numbers."""
     ba = 1 << ((n - 1).bit_length() // 2)
     bb = n // ba
     p = {k: rand(n, scale=0.5) + 1 for k in ("d1", "d2", "d3")}
@@ -574,10 +576,16 @@ def test_hadamard_mlp_matches_einsum_twin(width, n):
     for s in (1, 2, 3):
         p[f"w{s}a"], p[f"w{s}b"] = rand(ba, ba, scale=0.25), rand(bb, bb, scale=0.2)
     p1, p2 = RNG.permutation(n), RNG.permutation(n)
+    mlp = B.HadamardMLP(p, p1.astype(np.float32), p2.astype(np.float32), width)
+    pre = rand(width, scale=0.3)
     for rows in (1, 3, 20):
         x = rand(rows, width)
-        got = B.HadamardMLP(p, p1.astype(np.float32), p2.astype(np.float32), width)(x)
-        np.testing.assert_allclose(got, twin_hadamard_mlp(x, p, p1, p2, width), rtol=1e-4, atol=1e-5)
+        got = B.HadamardMLP.residual(x, mlp.record(pre, 0.5))
+        want = x + 0.5 * twin_hadamard_mlp(twin_zc_rmsnorm(x, pre), p, p1, p2, width)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(K, "GEMM_THREADS", 2)
+    monkeypatch.setattr(K, "GEMM_SPLIT_ROWS", 8)
+    np.testing.assert_array_equal(B.HadamardMLP.residual(x, mlp.record(pre, 0.5)), got)
 
 
 class _Arrays:

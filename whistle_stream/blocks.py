@@ -20,11 +20,6 @@ from .kernels.simd import PACKED_BITS, interleave
 
 NORM_EPS = 1e-6  # ZCRMSNorm and _rms_unit epsilon in the reference
 SINKHORN_ITERS = 20  # needle `_sinkhorn` default
-# Up to this many rows (a decoder step's beams) a Hadamard MLP reads its result back through one
-# cached flat index per row count; longer inputs (an encoder pass) are transposed instead.
-GATHER_ROWS = 16
-
-
 def _f32_rows(x: np.ndarray) -> np.ndarray:
     """x as a C-contiguous float32 2-D view (rows, features), copying only when needed."""
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -623,7 +618,9 @@ class HadamardMLP:
 
     cond = 1 + softmax(x @ cond_v) @ cond_u
     z = kron1(d1 * pad(x))[p1];  z = kron2(silu(d2 * cond * z + b2))[p2];  out = d4 * kron3(d3 * z)
-    kron(z) reshapes z to (ba, bb) and returns A^T Z B. x (rows, width) -> (rows, width).
+    kron(z) reshapes z to (ba, bb) and returns A^T Z B. x (rows, width) -> (rows, width). It runs
+    as one fused kernel with its norm and residual (`kernels.decoder._hadamard_residual`) over the
+    arrays of a `record`: `residual` here, the decoder's layer step there.
     """
 
     def __init__(self, params: dict[str, np.ndarray], p1: np.ndarray, p2: np.ndarray, width: int):
@@ -634,59 +631,17 @@ class HadamardMLP:
             raise ValueError(f"Hadamard factors {self.ba}x{self.bb} do not make {self.n}")
         self.width = width
         self.d1, self.d2, self.b2, self.d3, self.d4 = (f[k] for k in ("d1", "d2", "b2", "d3", "d4"))
-        self.cond_v, self.cond_u = f["cond_v"], f["cond_u"]  # (width, 8), (8, n)
-        self.cond_vt = np.ascontiguousarray(self.cond_v.T)  # (8, width): the decoder kernel's layout
+        self.cond_u = f["cond_u"]  # (8, n)
+        self.cond_vt = np.ascontiguousarray(f["cond_v"].T)  # (8, width): the kernel's layout of cond_v
         self.factors = [(f[f"w{s}a"], f[f"w{s}b"]) for s in (1, 2, 3)]
         self.p1 = np.asarray(p1).astype(np.int64)
         self.p2 = np.asarray(p2).astype(np.int64)
-        self._gathers: dict = {}
 
     @classmethod
     def from_cact(cls, cact, prefix: str, width: int) -> "HadamardMLP":
         """prefix: "encoder03.hadamard_mlp_0" (encoder) or "layer03" (decoder)."""
         params = {key: cact.array(f"{prefix}.{key}") for key in HADAMARD_KEYS}
         return cls(params, cact.array("hada_p1"), cact.array("hada_p2"), width)
-
-    def _kron(self, z: np.ndarray, s: int, perm: np.ndarray | None) -> np.ndarray:
-        """A^T Z B per row for Z = z.reshape(ba, bb), then the optional column permutation."""
-        a, b = self.factors[s]
-        rows = z.shape[0]
-        ba, bb = self.ba, self.bb
-        t = np.matmul(z.reshape(rows * ba, bb), b)  # (rows * ba, bb): Z B
-        t = np.ascontiguousarray(t.reshape(rows, ba, bb).transpose(1, 0, 2)).reshape(ba, rows * bb)
-        res = np.matmul(a.T, t)  # (ba, rows * bb): A^T (Z B), rows side by side
-        if rows > GATHER_ROWS:
-            # out[r, k * bb + l] = res[k, r * bb + l], then the columns through perm: two copies,
-            # no index as large as the activations (a cached one per row count grew with every
-            # streaming pass's length)
-            out = np.ascontiguousarray(res.reshape(ba, rows, bb).transpose(1, 0, 2)).reshape(rows, self.n)
-            return out if perm is None else np.take(out, perm, axis=1)
-        return np.take(res.reshape(-1), self._gather(rows, perm))
-
-    def _gather(self, rows: int, perm: np.ndarray | None) -> np.ndarray:
-        """Flat indices that read res[k, r * bb + l] back as out[r, k * bb + l], through perm, for
-        up to GATHER_ROWS rows (a decoder step's): one small index per row count, kept."""
-        key = (rows, perm is None, 0 if perm is None else id(perm))
-        index = self._gathers.get(key)
-        if index is None:
-            bb = self.bb
-            cols = np.arange(self.n) if perm is None else perm
-            index = (cols // bb) * (rows * bb) + cols % bb
-            index = index[None, :] + (np.arange(rows) * bb)[:, None]
-            self._gathers[key] = index
-        return index
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        x = _f32_rows(x)
-        if K.GEMM_THREADS > 1 and x.shape[0] >= K.GEMM_SPLIT_ROWS:
-            out = np.empty((x.shape[0], self.width), np.float32)
-
-            def part(a: int, b: int) -> None:
-                out[a:b] = self._rows(x[a:b])
-
-            run_split(part, x.shape[0])
-            return out
-        return self._rows(x)
 
     def record(self, pre: np.ndarray, scale: float = 1.0) -> HadamardMlp:
         """The arrays `residual` (and the decoder's layer step) read: x + scale * mlp(zc_rmsnorm(x, pre)),
@@ -708,21 +663,6 @@ class HadamardMLP:
         else:
             _hadamard_residual(out, record, NORM_EPS)
         return out
-
-    def _rows(self, x: np.ndarray) -> np.ndarray:
-        rows = x.shape[0]
-        cond = softmax(x @ self.cond_v) @ self.cond_u + np.float32(1.0)  # (rows, n)
-        z = np.zeros((rows, self.n), np.float32)
-        z[:, : self.width] = x
-        z *= self.d1
-        z = self._kron(z, 0, self.p1)
-        z = self.d2 * cond * z + self.b2
-        silu_inplace(z)
-        z = self._kron(z, 1, self.p2)
-        z *= self.d3
-        z = self._kron(z, 2, None)
-        z *= self.d4
-        return np.ascontiguousarray(z[:, : self.width])
 
 
 # ---------------------------------------------------------------- mHC lanes

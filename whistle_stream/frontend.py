@@ -223,15 +223,12 @@ def level_gain(pcm: np.ndarray) -> float:
     return LEVEL_TARGET / loud if loud > LEVEL_FLOOR else 1.0
 
 
-def apply_level(pcm: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """pcm scaled by `level_gain` (product in float64, rounded to float32 once), into `out` (a new
-    float32 array when None; pcm itself for the front end's own copy), LEVEL_CHUNK samples at a
-    time: no clip-sized float64 temporaries (fresh pages cost more than the arithmetic here)."""
+def apply_level(pcm: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """pcm scaled by `level_gain` (product in float64, rounded to float32 once): a new float32
+    array, or pcm itself (float32, the front end's own copy) in_place; LEVEL_CHUNK samples at a
+    time, no clip-sized float64 temporaries (fresh pages cost more than the arithmetic here)."""
     gain = level_gain(pcm)
-    if out is None:
-        out = np.array(pcm, dtype=np.float32, copy=True)
-    elif out is not pcm:
-        out[:] = pcm
+    out = pcm if in_place else np.array(pcm, dtype=np.float32, copy=True)
     if gain != 1.0:
         for a in range(0, len(pcm), LEVEL_CHUNK):
             out[a:a + LEVEL_CHUNK] = np.asarray(pcm[a:a + LEVEL_CHUNK], np.float64) * gain
@@ -264,17 +261,17 @@ def power_blocks(pcm: np.ndarray, hop: int, win: int, fft: int, block_frames: in
     """`power_spectrum`'s rows `block_frames` at a time from frame `first` to `end` (the last
     frame when None): yields (first frame, end frame, power), each block's rows exactly those of
     the whole (a long clip's gate never holds all of them)."""
-    frames = len(pcm) // hop if end is None else end
-    if frames <= first:
+    end = len(pcm) // hop if end is None else end
+    if end <= first:
         return
     half = win // 2
     window = hann_symmetric(win)
     # numpy's float64 real FFT of an already zero-padded frame is faster than its float32 path
     # with n= padding, and more exact. Blocks of frames bound the float64 and complex
     # temporaries (30 s at once: ~35 MB); each frame's FFT is independent of the others.
-    framed = np.zeros((min(frames - first, FFT_BLOCK_FRAMES), fft), np.float64)
-    for a in range(first, frames, block_frames):
-        b = min(frames, a + block_frames)
+    framed = np.zeros((min(end - first, FFT_BLOCK_FRAMES), fft), np.float64)
+    for a in range(first, end, block_frames):
+        b = min(end, a + block_frames)
         power = np.empty((b - a, fft // 2 + 1), np.float32)
         for c in range(a, b, FFT_BLOCK_FRAMES):
             d = min(b, c + FFT_BLOCK_FRAMES)
@@ -339,8 +336,7 @@ def log_mel(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int, split: Split =
 
 def features(pcm: np.ndarray, mel: np.ndarray, hop: int, win: int, split: Split = _whole) -> np.ndarray:
     """The whole §3 front end: sanitise, level, log-mel. float32 16 kHz in, (frames, mels) out."""
-    own = sanitize(pcm)
-    return log_mel(apply_level(own, out=own), mel, hop, win, split)
+    return log_mel(apply_level(sanitize(pcm), in_place=True), mel, hop, win, split)
 
 
 # ---------------------------------------------------------------- §8 silence gate

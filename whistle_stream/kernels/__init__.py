@@ -692,13 +692,24 @@ def _quant_rotate_rows(x, group, out, scales):
             o[k] = np.int16(np.rint(rotated[0, k] * root))
 
 
+@njit(inline="always", **JIT_OPTIONS)
+def _row_tiles(a, scales, levels, norms, span, nr, out):
+    """Every row of a (`_MR` at a time) by `integer._tile` against nr column blocks (`_NR` or 1)
+    of levels in `_expand`'s layout with their norms, into out's first 16 nr columns."""
+    for m in range(0, a.shape[0], _MR):
+        if nr == _NR:
+            _tile(a, levels, norms, scales, m, span, _MR, _NR, out)
+        else:
+            _tile(a, levels, norms, scales, m, span, _MR, 1, out)
+
+
 @_jit()
 def _int8_rows(x, codes, scales):
     """Each row's int8 codes as int16 (`_int8_code` on its `_int8_scale`: fake_quant_int8(x) is
     codes * scales), zero past x's columns: x (R, K) float32, codes (R, >= K) int16, scales (R,)."""
     rows, d = x.shape
     for r in range(rows):
-        xr = np.ascontiguousarray(x[r])
+        xr = x[r]
         scale = _int8_scale(xr)
         scales[r] = scale
         c = codes[r]
@@ -714,18 +725,12 @@ def _integer_scores(a, scales, levels, norms, out):
     dot product of int8 codes exact in int32 (`integer._tile`, one span of the whole row): a (R, K)
     int16 codes with their scales (R,), levels (B, K / 2, 32) int16 in `integer.key_levels`'
     layout, norms (B, 1, 16) float32, out (R, >= 16 B) float32 (any row stride)."""
-    rows = a.shape[0]
     blocks = levels.shape[0]
-    span = 2 * levels.shape[1]
     b = 0
     while b < blocks:
         nr = _NR if blocks - b >= _NR else 1
-        o = out[:, _integer.COLUMNS * b:]
-        for m in range(0, rows, _MR):
-            if nr == _NR:
-                _tile(a, levels[b:b + nr], norms[b:b + nr], scales, m, span, _MR, _NR, o)
-            else:
-                _tile(a, levels[b:b + nr], norms[b:b + nr], scales, m, span, _MR, 1, o)
+        _row_tiles(a, scales, levels[b:b + nr], norms[b:b + nr], 2 * levels.shape[1], nr,
+                   out[:, _integer.COLUMNS * b:])
         b += nr
 
 
@@ -753,13 +758,7 @@ def _integer_gemm(a, scales, w, first, last, out):
                 _expand(w.codes, w.table, b + s, s, 2, buf)
             else:
                 _expand(w.codes, w.table, b + s, s, 4, buf)
-        nrm = w.norms[b:b + nr]
-        o = out[:, _integer.COLUMNS * b:]
-        for m in range(0, rows, _MR):
-            if nr == _NR:
-                _tile(a, buf, nrm, scales, m, w.span, _MR, _NR, o)
-            else:
-                _tile(a, buf, nrm, scales, m, w.span, _MR, 1, o)
+        _row_tiles(a, scales, buf, w.norms[b:b + nr], w.span, nr, out[:, _integer.COLUMNS * b:])
         b += nr
 
 
