@@ -767,6 +767,49 @@ def test_a_cache_folder_numba_has_not_made_yet_is_stamped_so_the_first_processs_
     assert (mirror / "a.f-1.py311.nbi").exists()
 
 
+_LOAD_THEN_LINK = r"""
+import json
+import numpy as np
+from numba import njit
+from whistle_stream import kernels as K
+from whistle_stream.kernels import decoder as KD
+
+x = np.linspace(-3, 3, 4 * 64, dtype=np.float32).reshape(4, 64)
+direct = np.empty_like(x)
+K._fake_quant_rows(x, direct)
+library = next(iter(K._fake_quant_rows.overloads.values())).library
+parked = library._shared_module is None
+
+
+@njit
+def linked(x, out):   # compiled now: links the loaded kernel's IR into its own
+    K._fake_quant_rows(x, out)
+
+
+through = np.empty_like(x)
+linked(x, through)
+print(json.dumps({"hits": sum(K._fake_quant_rows.stats.cache_hits.values()), "parked": parked,
+                  "same": bool(np.array_equal(direct, through)),
+                  "kinds": sorted({type(k._cache).__name__ for k in (K._fake_quant_rows, KD._block_step)})}))
+"""
+
+
+def test_a_kernel_loaded_from_the_cache_parks_its_linking_ir_and_still_links_into_a_new_kernel():
+    """The IR a loaded kernel would lend to a later compile is kept as bitcode (30 MB less of an
+    engine process); a kernel compiled afterwards still links it and computes the same."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _LOAD_THEN_LINK], cwd=root, check=True,
+                                      capture_output=True, text=True).stdout) for _ in range(2)]
+    loaded = runs[1]                        # the first run compiled the kernel if it was not cached
+    assert loaded["hits"] == 1 and loaded["parked"]
+    assert loaded["same"] and runs[0]["same"]
+    assert loaded["kinds"] == ["_LinkOnDemandCache"]
+
+
 def test_the_guarded_cache_folder_is_the_one_numba_writes(tmp_path, monkeypatch):
     from numba.core.caching import _CacheLocator
 

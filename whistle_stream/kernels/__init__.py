@@ -20,7 +20,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from . import _target
-from ._cache import drop_stale
+from ._cache import drop_stale, link_on_demand
 
 _target.configure()                 # the CPU the kernels compile for: before any compiles or loads
 drop_stale(Path(__file__).parent)   # before any kernel of the package loads from the cache
@@ -791,3 +791,6 @@ def _few_tile(a, scales, w, b, m, one, nr, bits, out):
         _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 3, bits, o)
     else:
         _tile_codes(a, codes, w.table, nrm, scales, m, w.span, 5, 1, bits, o)
+
+
+link_on_demand(globals())   # last: every kernel of this module is defined

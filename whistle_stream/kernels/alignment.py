@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit
 
 from . import JIT_OPTIONS
+from ._cache import link_on_demand
 
 # DTW steps: which neighbour a cell was reached from (a trace code is step * 3 + the neighbour's state)
 _DIAG, _TOKEN, _FRAME = 0, 1, 2
@@ -101,3 +102,6 @@ def _dtw(cost, unit_start, needs_sound, sounding, pause, acc_v, acc_c, trace, pa
         else:
             j -= 1
     return k
+
+
+link_on_demand(globals())   # last: every kernel of this module is defined

@@ -19,6 +19,7 @@ from . import (
     _integer_gemm, _lane_combine, _lane_mix, _quant_rotate_rows, _rms_unit_rows, _rope_rows, _sinkhorn_rows,
     _zc_rmsnorm_rows,
 )
+from ._cache import link_on_demand
 from .integer import VNNI as INTEGER_KERNELS, COLUMNS as BLOCK_COLUMNS, IntegerMatrix
 from .simd import LANES, _tile5
 
@@ -964,3 +965,6 @@ def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start, layer):
 
     _hadamard_residual(x, mlp, eps)
     _lanes_out(stream, hres, hpost, x, u, out)
+
+
+link_on_demand(globals())   # last: every kernel of this module is defined

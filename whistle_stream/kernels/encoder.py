@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit
 
 from . import GEMM_FASTMATH, JIT_OPTIONS
+from ._cache import link_on_demand
 
 
 @njit(fastmath=GEMM_FASTMATH, **JIT_OPTIONS)
@@ -92,3 +93,6 @@ def _conv_time(g, w, first, last, out):
             wk = w[k]
             for c in range(c_dim):
                 o[c] += gs[c] * wk[c]
+
+
+link_on_demand(globals())   # last: every kernel of this module is defined
