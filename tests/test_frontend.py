@@ -188,6 +188,19 @@ def test_gate_bands_lie_within_250_to_3500_hz():
     assert bands[0] > 0 and bands[-1] < MELS - 1
 
 
+def test_filter_support_is_each_filters_first_and_last_non_zero_bin():
+    mel = np.zeros((9, 4), np.float32)
+    mel[2:5, 0] = [0.5, 1.0, 0.5]
+    mel[[3, 7], 2] = 0.25            # a gap inside: the support spans it
+    mel[8, 3] = 1.0                  # the last bin
+    has, first, end = F.filter_support(mel)
+    assert has.tolist() == [True, False, True, True]
+    assert (first[has].tolist(), end[has].tolist()) == ([2, 3, 8], [5, 8, 9])
+    for band in np.flatnonzero(F.filter_support(MEL)[0]):
+        nz = np.flatnonzero(MEL[:, band])
+        assert (F.filter_support(MEL)[1][band], F.filter_support(MEL)[2][band]) == (nz[0], nz[-1] + 1)
+
+
 # ---------------------------------------------------------------- loading
 
 

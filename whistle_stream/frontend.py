@@ -288,6 +288,16 @@ def power_blocks(pcm: np.ndarray, hop: int, win: int, fft: int, block_frames: in
         yield a, b, power
 
 
+def filter_support(mel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each mel filter's bins: (has any, first non-zero bin, one past the last), each (mels,). A
+    filter's weights are non-zero only over its triangle, so the bins between are its support."""
+    nonzero = mel != 0
+    has = nonzero.any(axis=0)
+    first = nonzero.argmax(axis=0)
+    end = mel.shape[0] - nonzero[::-1].argmax(axis=0)
+    return has, first, end
+
+
 def mel_energies(power: np.ndarray, mel: np.ndarray, split: Split = _whole) -> np.ndarray:
     """power (frames, bins) @ mel (bins, mels), one band at a time over its non-zero bins, the
     bands' ranges of `split` at once (by bands, not frames: each band's sums are the same
@@ -297,11 +307,8 @@ def mel_energies(power: np.ndarray, mel: np.ndarray, split: Split = _whole) -> n
     product (and BLAS is erratic at this odd inner size, 257).
     """
     out = np.zeros((mel.shape[1], power.shape[0]), np.float32)  # band-major, transposed at the end
-    spans = []
-    for band in range(mel.shape[1]):
-        nz = np.flatnonzero(mel[:, band])
-        if len(nz):
-            spans.append((band, nz[0], nz[-1] + 1))
+    has, lo, hi = filter_support(mel)
+    spans = [(band, lo[band], hi[band]) for band in np.flatnonzero(has)]
 
     def bands(a: int, b: int) -> None:
         # power is finite by construction (sanitised, levelled pcm), but numpy's dot reports the
@@ -346,12 +353,8 @@ def gate_bands(mel: np.ndarray, rate: int) -> np.ndarray:
     """Indices of the mel bands whose filter (its non-zero bins) lies within 250-3500 Hz."""
     bins = mel.shape[0]
     freqs = np.arange(bins) * (rate / 2.0) / (bins - 1)
-    keep = []
-    for band in range(mel.shape[1]):
-        support = freqs[mel[:, band] > 0]
-        if len(support) and support.min() >= GATE_BAND_HZ[0] and support.max() <= GATE_BAND_HZ[1]:
-            keep.append(band)
-    return np.asarray(keep, np.int64)
+    has, lo, hi = filter_support(mel)
+    return np.flatnonzero(has & (freqs[lo] >= GATE_BAND_HZ[0]) & (freqs[hi - 1] <= GATE_BAND_HZ[1])).astype(np.int64)
 
 
 def silence_gate_db(pcm: np.ndarray, mel: np.ndarray, rate: int, hop: int, win: int) -> float:
