@@ -79,8 +79,15 @@ def _raw(array: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # The worker process
 
+# Stream calls whose reply carries the stream's checkpoint when they committed text: the session
+# seals a resume token into every committed and final message (service/core.py), and a second call
+# for it would queue behind the other streams' passes on this worker.
+_SEALED = ("feed", "finalize", "finish")
+
 def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> None:
-    """A worker's loop: (op, stream id, args, kwargs, dropped ids) in, (ok, value, passes) out."""
+    """A worker's loop: (op, stream id, args, kwargs, dropped ids) in, (ok, value, passes,
+    checkpoint) out; checkpoint: the stream's after a call that committed text (`_SEALED`), else
+    None."""
     from whistle_stream.whistle import Whistle
 
     # Ctrl-C in a terminal reaches the whole process group: the server drains its sessions then,
@@ -101,6 +108,7 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
             streams.pop(gone, None)
         if dropped:
             allocator.release()   # a closed stream's buffers and scratch go back to the system
+        checkpoint = None
         try:
             if op == "open":
                 streams[sid] = model.open_stream(*args, **kwargs)
@@ -111,24 +119,26 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
             elif op == "stream":
                 method, *rest = args
                 value = getattr(streams[sid], method)(*rest, **kwargs)
+                if method in _SEALED and (method != "feed" or value.words):
+                    checkpoint = streams[sid].checkpoint()
             elif op == "streams":
                 value = len(streams)
             elif op in ("transcribe", "warmup"):
                 value = getattr(model, op)(*args, **kwargs)
             elif op == "stop":
-                conn.send((True, None, 0))
+                conn.send((True, None, 0, None))
                 return
             else:
                 raise ValueError(f"unknown worker op {op!r}")
-            reply = (True, value, getattr(streams.get(sid), "passes", 0))
+            reply = (True, value, getattr(streams.get(sid), "passes", 0), checkpoint)
         except Exception as e:  # the caller re-raises it; the worker and its other streams go on
-            reply = (False, _portable(e), getattr(streams.get(sid), "passes", 0))
+            reply = (False, _portable(e), getattr(streams.get(sid), "passes", 0), None)
         try:
             conn.send(reply)
         except (EOFError, OSError):
             return
         except Exception as e:  # a value or exception that does not pickle
-            conn.send((False, RuntimeError(f"worker reply for {op!r} failed to pickle: {e}"), 0))
+            conn.send((False, RuntimeError(f"worker reply for {op!r} failed to pickle: {e}"), 0, None))
 
 
 def _portable(error: Exception) -> Exception:
@@ -171,7 +181,7 @@ class _Worker:
                 dropped = [self.dropped.popleft() for _ in range(len(self.dropped))]
                 try:
                     _send_call(self.conn, op, sid, args, kwargs or {}, dropped)
-                    ok, value, passes = self.conn.recv()
+                    ok, value, passes, checkpoint = self.conn.recv()
                 except (EOFError, OSError) as e:
                     self.dead = True
                     raise WorkerDied(f"engine worker {self.process.name} exited "
@@ -186,7 +196,7 @@ class _Worker:
             self.busy -= 1
         if not ok:
             raise value
-        return value, passes
+        return value, passes, checkpoint
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to exit; one still busy after `timeout` (a first start compiling the
@@ -218,11 +228,13 @@ class RemoteStream:
 
     def __init__(self, worker: _Worker, sid: int):
         self._worker, self._sid, self.passes = worker, sid, 0
+        self._checkpoint: dict | None = None   # the stream's state after the last call, when it came back
         worker.streams += 1
         weakref.finalize(self, _forget, worker, sid)
 
     def _call(self, method: str, *args, **kwargs):
-        value, self.passes = self._worker.call("stream", self._sid, (method, *args), kwargs)
+        self._checkpoint = None
+        value, self.passes, self._checkpoint = self._worker.call("stream", self._sid, (method, *args), kwargs)
         return value
 
     def feed(self, audio: np.ndarray, catch_up: bool = False) -> StreamUpdate:
@@ -235,6 +247,11 @@ class RemoteStream:
         return self._call("finish", _samples(audio))
 
     def checkpoint(self, compact: bool = False) -> dict:
+        """The stream's checkpoint: the one the last call brought back when it committed text (the
+        session seals it into a resume token right away; asking again would wait behind the
+        worker's other streams' passes), else asked of the worker. Not to be modified."""
+        if not compact and self._checkpoint is not None:
+            return self._checkpoint
         return self._call("checkpoint", compact=compact)
 
     def configure(self, keywords=None) -> None:

@@ -69,6 +69,38 @@ def test_a_checkpoint_restores_in_every_worker(model, engine, speech):
         assert run(s, speech, start)[0] == expected
 
 
+def test_a_call_that_commits_brings_its_checkpoint_back_and_no_second_call_asks_for_it(model, engine, speech):
+    """The session seals a resume token into each committed message: the checkpoint comes back
+    with the feed that committed, the same one a call would fetch; a call that committed nothing
+    brings none, and checkpoint() then asks the worker."""
+    here, there = model.open_stream(), engine.open_stream()
+    calls = []
+    worker_call = there._worker.call
+
+    def counted(op, sid, args=(), kwargs=None):
+        calls.append(args[0] if op == "stream" else op)
+        return worker_call(op, sid, args, kwargs)
+
+    there._worker.call = counted
+    try:
+        seen = {"committed": 0, "not": 0}
+        for i in range(0, len(speech) - RATE, RATE):
+            update = there.feed(speech[i:i + RATE])
+            assert here.feed(speech[i:i + RATE]).words == update.words
+            del calls[:]
+            assert there.checkpoint() == here.checkpoint()
+            assert calls == ([] if update.words else ["checkpoint"])
+            seen["committed" if update.words else "not"] += 1
+        there.finish(speech[len(speech) - RATE:])
+        here.finish(speech[len(speech) - RATE:])
+        del calls[:]
+        assert there.checkpoint() == here.checkpoint() and calls == []
+        assert there.checkpoint(compact=True) == here.checkpoint(compact=True) and calls == ["checkpoint"]
+    finally:
+        there._worker.call = worker_call
+    assert seen["committed"] and seen["not"]
+
+
 def untimed(result: dict) -> dict:
     return {k: v for k, v in result.items() if k not in ("ttft_ms", "decode_tps")}
 
