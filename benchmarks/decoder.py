@@ -200,7 +200,7 @@ class NumpyDecoder:
 
             m = layer.mlp
             hh = zc(xb, layer.pre_hada)
-            cond = softmax(hh @ m.cond_v) @ m.cond_u + 1
+            cond = softmax(hh @ m.cond_vt.T) @ m.cond_u + 1
             zz = np.zeros((rows, m.n), np.float32)
             zz[:, :d.width] = hh
             zz = kron(m.d1 * zz, *m.factors[0], m.p1)

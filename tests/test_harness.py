@@ -455,3 +455,23 @@ def test_a_benchmark_server_of_another_checkout_imports_that_checkouts_service(t
     assert service == str(tmp_path / "service" / "__init__.py")
     assert clients == str(tmp_path / "clients" / "__init__.py")
     assert engine == str(tmp_path / "whistle_stream" / "whistle.py")
+
+
+def test_the_decoder_benchmarks_numpy_twin_runs_on_the_engines_weights_and_agrees():
+    """benchmarks/decoder.py reads the engine's weights into its NumPy baseline: a renamed or removed
+    attribute breaks it, and nothing else runs it (here on the tiny shape, a few steps)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "decoder.py"), "--shape", "tiny", "--vocab", "0",
+                          "--frames", "20", "--context", "6", "--steps", "10", "--tokens", "4", "--threads", "1"],
+                         capture_output=True, text=True, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    # The baseline rounds at the same int8 points in float32 on its own path, so with random
+    # weights a row near a rounding boundary lands on the other level; most steps pick the same token.
+    agree = re.search(r"engine vs numpy logits: max \|delta\| (\S+), top-1 identical on (\d+)/(\d+) steps", run.stdout)
+    assert agree, run.stdout[-2000:]
+    assert np.isfinite(float(agree.group(1))) and 2 * int(agree.group(2)) > int(agree.group(3)), agree.group(0)
