@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     missed = []
     for name, t in times.items():
         out = model.transcribe(clips[name], word_timestamps=True, by="windows")
-        empty = out["text"] == "" and out["language"] == "" and out["words"] == []
+        empty = out["text"] == "" and out["language"] == "" and not out["words"]
         best = min(t)
         ok = empty and best < LINE_S
         if not ok:

@@ -475,3 +475,18 @@ def test_the_decoder_benchmarks_numpy_twin_runs_on_the_engines_weights_and_agree
     agree = re.search(r"engine vs numpy logits: max \|delta\| (\S+), top-1 identical on (\d+)/(\d+) steps", run.stdout)
     assert agree, run.stdout[-2000:]
     assert np.isfinite(float(agree.group(1))) and 2 * int(agree.group(2)) > int(agree.group(3)), agree.group(0)
+
+
+def test_the_gate_benchmark_finds_every_stopped_clip_empty():
+    """benchmarks/gate.py's own check of the gated clips' results (a result type that changed, say
+    words from a list to a tuple, read as NOT EMPTY there while the gate worked)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "gate.py"), "--repeats", "1"],
+                         capture_output=True, text=True, timeout=600, cwd=root)
+    lines = [line for line in run.stdout.splitlines() if " ms, " in line and "faster than the peer" in line]
+    assert len(lines) == 3, run.stdout[-2000:] + run.stderr[-2000:]
+    assert all("faster than the peer, empty;" in line for line in lines), "\n".join(lines)
