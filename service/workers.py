@@ -36,6 +36,7 @@ from whistle_stream import allocator
 from whistle_stream.errors import WhistleError
 from whistle_stream.models import ModelFile
 from whistle_stream.results import StreamUpdate
+from whistle_stream.streaming import StreamSession
 
 
 class WorkerDied(WhistleError, RuntimeError):
@@ -97,7 +98,7 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
     if initializer is not None:
         initializer(*initargs)
     model = Whistle(path, audio_depth=audio_depth)
-    streams: dict[int, object] = {}
+    streams: dict[int, StreamSession] = {}
     while True:
         try:
             op, sid, args, kwargs, dropped = conn.recv()
