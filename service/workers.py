@@ -85,6 +85,7 @@ def _raw(array: np.ndarray) -> np.ndarray:
 # for it would queue behind the other streams' passes on this worker.
 _SEALED = ("feed", "finalize", "finish")
 
+
 def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> None:
     """A worker's loop: (op, stream id, args, kwargs, dropped ids) in, (ok, value, passes,
     checkpoint) out; checkpoint: the stream's after a call that committed text (`_SEALED`), else

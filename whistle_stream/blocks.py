@@ -20,6 +20,8 @@ from .kernels.simd import PACKED_BITS, interleave
 
 NORM_EPS = 1e-6  # ZCRMSNorm and _rms_unit epsilon in the reference
 SINKHORN_ITERS = 20  # needle `_sinkhorn` default
+
+
 def _f32_rows(x: np.ndarray) -> np.ndarray:
     """x as a C-contiguous float32 2-D view (rows, features), copying only when needed."""
     x = np.ascontiguousarray(x, dtype=np.float32)
