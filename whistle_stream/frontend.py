@@ -366,11 +366,11 @@ def silence_gate_db(pcm: np.ndarray, mel: np.ndarray, rate: int, hop: int, win: 
     frames = len(pcm) // hop
     if frames == 0:
         return 0.0
-    bands = gate_bands(mel, rate)
+    gate_mel = mel[:, gate_bands(mel, rate)]   # only the bands it sums: each band's energy is its own
     band = np.empty(frames, np.float32)
     # GATE_BLOCK_FRAMES at a time: an hour's power spectrum at once was ~1 GB
     for a, b, power in power_blocks(pcm, hop, win, fft, GATE_BLOCK_FRAMES):
-        band[a:b] = mel_energies(power, mel)[:, bands].sum(axis=1)
+        band[a:b] = mel_energies(power, gate_mel).sum(axis=1)
     db = 10.0 * np.log10(band.astype(np.float64) + GATE_POWER_FLOOR)
     return _select(db, GATE_QUANTILES[0]) - _select(db, GATE_QUANTILES[1])
 
