@@ -37,13 +37,13 @@ import numpy as np
 import pytest
 
 from whistle_stream import kernels as K
-from whistle_stream.container import CactFile
+from whistle_stream.container import CactFile, unpack_lsb
 from whistle_stream.blocks import fake_quant_int8
 from whistle_stream.decoder import MEMORY_FRAME_BLOCK, Decoder, _memory_codes, ladder_layers, ladder_order, sinusoids
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
 from whistle_stream.kernels.decoder import (
     _block_step, _attend_memory, _attend_pool, _causal_taps, _packed_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
-    Rotated, _gather_levels, _kron_rows, _levels_rows, _push_ring,
+    Rotated, _gather_packed, _kron_rows, _levels_rows, _push_ring,
 )
 from whistle_stream.kernels import _packed_levels
 from whistle_stream.kernels import integer as KI
@@ -154,23 +154,24 @@ def test_kronecker_rows_equal_a_transpose_z_b_permuted(ba, bb):
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
-def test_memory_attention_and_its_weights():
+@pytest.mark.parametrize("F, dv", [(11, 5), (40, 32)])  # dv 5: the values' plain loop; 32: simd tiles
+def test_memory_attention_and_its_weights(F, dv):
     """The int8 memory (codes x per-head-vector scales) gives attention over the fake-quantised
     K and V, and its codes x scales are exactly the fake-quantised vectors."""
     rng = np.random.default_rng(3)
-    R, H, F, dq, dv = 7, 3, 11, 6, 5  # one block of five rows and two more
+    R, H, dq = 7, 3, 6  # one block of five rows and two more
     q = rng.standard_normal((R, H, dq)).astype(np.float32)
     k = rng.standard_normal((F, H, dq)).astype(np.float32)
     v = rng.standard_normal((F, H, dv)).astype(np.float32)
     v[4, 1] = 0.0  # an all-zero vector quantises with scale 1
     kq, vq = fake_quant_int8(k), fake_quant_int8(v)
-    (kc, ks), (vc, vs) = _memory_codes(k), _memory_codes(v)
-    padded = MEMORY_FRAME_BLOCK  # frames last, zero past F
-    assert kc.dtype == vc.dtype == np.int8 and kc.shape == (H, dq, padded) and vc.shape == (H, dv, padded)
+    (kc, ks), (vc, vs) = _memory_codes(k), _memory_codes(v, frames_first=True)
+    padded = F + (-F) % MEMORY_FRAME_BLOCK  # K frames last, V frames first, zero past F
+    assert kc.dtype == vc.dtype == np.int8 and kc.shape == (H, dq, padded) and vc.shape == (H, padded, dv)
     assert ks.shape == vs.shape == (H, padded)
-    assert not kc[:, :, F:].any() and not vc[:, :, F:].any() and not ks[:, F:].any() and not vs[:, F:].any()
+    assert not kc[:, :, F:].any() and not vc[:, F:].any() and not ks[:, F:].any() and not vs[:, F:].any()
     np.testing.assert_array_equal(kc[:, :, :F].astype(np.float32) * ks[:, None, :F], kq.transpose(1, 2, 0))
-    np.testing.assert_array_equal(vc[:, :, :F].astype(np.float32) * vs[:, None, :F], vq.transpose(1, 2, 0))
+    np.testing.assert_array_equal(vc[:, :F].astype(np.float32) * vs[:, :F, None], vq.transpose(1, 0, 2))
     weights = np.empty((R, H, F), np.float32)
     out = np.empty((R, H, dv), np.float32)
     _attend_memory(q, kc, ks, vc, vs, np.float32(1.0), np.float32(0.5), weights, out)
@@ -232,11 +233,32 @@ def test_rotated_products_equal_the_dequantised_product(group, bits):
     dense = np.empty((n_out, k_pad), np.float32)
     _packed_levels(packed, norms, codebook, bits, group, dense)
     np.testing.assert_array_equal(dense, codebook[codes] * np.repeat(norms, group, axis=1))
-    # gather: codebook level times the row's group norm
+    # gather from the LSB-first fields (the file's packing): codebook level times the row's group norm
     picked = np.array([6, 0, 6], np.int64)
     got = np.empty((3, k_pad), np.float32)
-    _gather_levels(codes, norms, codebook, picked, group, got)
+    _gather_packed(pack_lsb(codes, bits), bits, codebook, norms, picked, group, got)
     np.testing.assert_array_equal(got, codebook[codes[picked]] * np.repeat(norms[picked], group, axis=1))
+
+
+def pack_lsb(codes, bits):
+    """(rows, K) fields of `bits` bits as LSB-first byte streams, the inverse of container.unpack_lsb."""
+    fields = (codes[:, :, None].astype(np.uint8) >> np.arange(bits, dtype=np.uint8)) & 1
+    return np.packbits(fields.reshape(codes.shape[0], -1), axis=1, bitorder="little")
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])   # 3: fields that run across bytes
+def test_gathered_packed_rows_read_the_fields_unpack_lsb_reads(bits):
+    rng = np.random.default_rng(bits)
+    group, k_pad = 8, 24
+    codes = rng.integers(0, 1 << bits, (9, k_pad)).astype(np.uint8)
+    packed = pack_lsb(codes, bits)
+    np.testing.assert_array_equal(unpack_lsb(packed, bits, k_pad), codes)
+    levels = rng.standard_normal(1 << bits).astype(np.float32)
+    norms = rng.uniform(0.5, 2, (9, k_pad // group)).astype(np.float32)
+    picked = np.array([8, 0, 3, 3], np.int64)
+    got = np.empty((4, k_pad), np.float32)
+    _gather_packed(packed, bits, levels, norms, picked, group, got)
+    np.testing.assert_array_equal(got, levels[codes[picked]] * np.repeat(norms[picked], group, axis=1))
 
 
 def test_packed_integer_levels_give_the_int16_level_codes_products_bit_for_bit():
@@ -378,8 +400,8 @@ def test_engram_site_gathers_quantises_projects_and_taps():
     anc[:rows, start:start + n_new] = np.arange(rows)[:, None]  # the new positions go to rows 0..B-1
     kv = Rotated(codes=interleave(kv_codes, 2), norms=kv_norms, levels=kv_levels, bits=2, group=group,
                  outputs=2 * width, integer=KI.absent())   # a float-path matrix (outputs not 16-column blocks)
-    _engram_site(idx, ok, t_codes, t_norms, t_codebook, group, slots, sub, kv, taps, dil, ring, anc, rows, start, key,
-                 value)
+    _engram_site(idx, ok, pack_lsb(t_codes, 4), 4, t_codebook, t_norms, group, slots, sub, kv, taps, dil, ring, anc,
+                 rows, start, key, value)
     # the twin: dequantised table rows (codebook x norm, then the Hadamard rotation), masked, int8
     fetched = np.zeros((rows * n_new, tables * sub), np.float32)
     for m in range(rows * n_new):

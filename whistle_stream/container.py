@@ -113,13 +113,24 @@ class PackedCQ:
     def in_pad(self) -> int:
         return -(-self.shape[1] // self.group) * self.group
 
+    @property
+    def field_bits(self) -> int:
+        """Bits per packed field: the record's, 2 for the ternary record's crumbs."""
+        return 2 if self.bits == TERNARY_RECORD_BITS else self.bits
+
+    def field_codes(self) -> np.ndarray:
+        """The level index (uint8) of each packed field value: the value itself; for the ternary
+        crumbs 3 -> 0, 0 -> 1, 1 -> 2 (2 is no level: the file is refused when read)."""
+        values = np.arange(1 << self.field_bits)
+        if self.bits == TERNARY_RECORD_BITS:
+            values = np.where(values == 3, 0, np.minimum(values + 1, 2))
+        return values.astype(np.uint8)
+
     def codes(self, rows=None) -> np.ndarray:
         """(len(rows), in_pad) uint8 level indices of the given rows (all rows by default)."""
         packed = self.packed if rows is None else self.packed[rows]
-        if self.bits == TERNARY_RECORD_BITS:
-            crumbs = unpack_lsb(packed, 2, self.in_pad)
-            return np.where(crumbs == 3, 0, crumbs + 1).astype(np.uint8)
-        return unpack_lsb(packed, self.bits, self.in_pad)
+        fields = unpack_lsb(packed, self.field_bits, self.in_pad)
+        return self.field_codes()[fields] if self.bits == TERNARY_RECORD_BITS else fields
 
     def rows(self, rows) -> np.ndarray:
         """The given rows dequantised, float32 (len(rows), in): exactly those of the whole matrix."""

@@ -41,11 +41,9 @@ from .kernels import integer as KI
 ENGRAM_SEED = 0x9E3779B9  # needle `engram_indices`: per-table seeds seed * (table + 1)
 ENGRAM_PRIME = 0x01000193  # FNV prime of the n-gram hash
 ENGRAM_SHIFT = 15  # final xor-shift of the hash
-# The memory's frames are padded to a multiple of this: the attention's value loop is vectorised
-# 64 frames at a time (16 lanes x 4), and a remainder (375 = 5 x 64 + 55 frames for 30 s) ran one
-# frame at a time, most of the loop's time (51 -> 31 us per layer); the keys go in tiles of
-# simd.LANES frames, which divide it.
-MEMORY_FRAME_BLOCK = 64
+# The memory's frames are padded to a multiple of this: the keys go in tiles of simd.LANES frames
+# (16 or 8), which divide it.
+MEMORY_FRAME_BLOCK = 16
 
 
 def ladder_order(layers: int) -> tuple[int, ...]:
@@ -95,20 +93,26 @@ def _sigmoid_scalar(x: np.ndarray) -> np.float32:
     return np.float32(1.0) / (np.float32(1.0) + np.exp(-v))
 
 
-def _memory_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _memory_codes(x: np.ndarray, frames_first: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Cross-attention K or V (frames, heads, d), int8-quantised per head vector like
-    quantize.maybe_quant_kv, as codes (heads, d, padded) int8 and scales (heads, padded) float32,
-    frames last and zero past `frames`: padded is the next multiple of MEMORY_FRAME_BLOCK, so the
-    attention's frame loops never leave their vector bodies (`_attend_memory`)."""
+    quantize.maybe_quant_kv, as codes (heads, d, padded) int8, frames last (K: `_attend_memory`
+    takes tiles of frames), or with `frames_first` (heads, padded, d) (V: it takes tiles of the
+    vector), and scales (heads, padded) float32; zero past `frames`: padded is the next multiple
+    of MEMORY_FRAME_BLOCK."""
     frames, heads, dim = x.shape
     codes = np.empty((frames * heads, dim), np.int8)
     scales = np.empty(frames * heads, np.float32)
     _quant_codes(np.ascontiguousarray(x, np.float32).reshape(-1, dim), codes, scales)
     padded = frames + (-frames) % MEMORY_FRAME_BLOCK
-    out_codes = np.zeros((heads, dim, padded), np.int8)
     out_scales = np.zeros((heads, padded), np.float32)
-    out_codes[:, :, :frames] = codes.reshape(frames, heads, dim).transpose(1, 2, 0)
     out_scales[:, :frames] = scales.reshape(frames, heads).T
+    by_head = codes.reshape(frames, heads, dim).transpose(1, 0, 2)
+    if frames_first:
+        out_codes = np.zeros((heads, padded, dim), np.int8)
+        out_codes[:, :frames] = by_head
+    else:
+        out_codes = np.zeros((heads, dim, padded), np.int8)
+        out_codes[:, :, :frames] = by_head.transpose(0, 2, 1)
     return out_codes, out_scales
 
 
@@ -254,9 +258,9 @@ class _Engram:
 
     def __init__(self, cact, site: int):
         d = cact.dims
-        self.tables = cact.packed_cq(f"engram{site}.tables")  # a step reads a few rows of it
+        self.tables = cact.packed_cq(f"engram{site}.tables")  # a step reads a few rows of it, packed
         self.norms = np.ascontiguousarray(self.tables.norms, np.float32)
-        self.codebook = self.tables.codebook
+        self.levels = np.ascontiguousarray(self.tables.codebook[self.tables.field_codes()], np.float32)
         self.group = self.tables.group
         self.kv = _LevelsLinear(cact, f"engram{site}.key_proj", f"engram{site}.value_proj")
         self.kv_record = self.kv.record()
@@ -291,7 +295,7 @@ class DecoderState:
     rows: int
     position: int
     cross_k: list  # per kept layer (int8 codes (heads, qk_dim, padded frames), scales (heads, padded frames))
-    cross_v: list  # per kept layer (int8 codes (heads, v_dim, padded frames), scales (heads, padded frames))
+    cross_v: list  # per kept layer (int8 codes (heads, padded frames, v_dim), scales (heads, padded frames))
     k_pool: list  # per kept layer (max_tokens, capacity, kv_heads, qk_dim)
     v_pool: list  # per kept layer (max_tokens, capacity, kv_heads, v_dim)
     anc: np.ndarray  # (capacity, max_tokens) int32: pool row of each beam's position
@@ -381,7 +385,7 @@ class Decoder:
             k = B.zc_rmsnorm(np.ascontiguousarray(k).reshape(frames, d.heads, d.qk_dim), layer.ck_norm)
             v = np.ascontiguousarray(v).reshape(frames, d.heads, d.v_dim)
             cross_k.append(_memory_codes(k))
-            cross_v.append(_memory_codes(v))
+            cross_v.append(_memory_codes(v, frames_first=True))
         return self._fresh(frames, cross_k, cross_v, cap)
 
     def restart(self, state: DecoderState, beams: int = 1, *, record: bool | None = None) -> DecoderState:
@@ -559,13 +563,10 @@ class Decoder:
         d = self.dims
         key = np.empty((idx.shape[0], d.width), np.float32)
         value = np.empty_like(key)
-        # The tables stay packed: the rows these positions read are unpacked here, and the kernel
-        # reads them as table rows 0, 1, ... (slots 0: row m * tables + t of the gathered rows).
-        n, tables = idx.shape
-        rows = (np.arange(tables, dtype=np.int64) * d.engram_slots + idx).reshape(-1)
-        gathered = np.arange(n * tables, dtype=idx.dtype).reshape(n, tables)
-        _engram_site(gathered, ok, e.tables.codes(rows), e.norms[rows], e.codebook, e.group, 0, e.sub_dim, e.kv_record,
-                     e.taps, d.engram_dilation, state.engram_hist[site], state.anc, state.rows, state.position, key, value)
+        t = e.tables
+        _engram_site(idx, ok, t.packed, t.field_bits, e.levels, e.norms, e.group, d.engram_slots, e.sub_dim,
+                     e.kv_record, e.taps, d.engram_dilation, state.engram_hist[site], state.anc, state.rows,
+                     state.position, key, value)
         return key, value
 
     def _forward(self, state: DecoderState, tokens: np.ndarray, collect=None) -> np.ndarray:

@@ -169,20 +169,23 @@ def _attend_memory(q, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, 
 
     The memory is int8 as the reference fake-quantises it (per head and frame): K = k_codes *
     k_scale, V = v_codes * v_scale, a quarter of the bytes of float32 (the step reads all of it).
-    q (R, H, dq) fake-quantised; k_codes (H, dq, Fp), v_codes (H, dv, Fp) int8, frames last;
-    k_scale, v_scale (H, Fp); Fp >= F is a multiple of simd.LANES and frames past F are zero
-    (`decoder._memory_codes`); weights (R, H, F) receives the softmax weights (word timestamps read
-    them); out (R, H, dv). Rows go five at a time: the scores of a tile of frames for five rows
-    in registers (`simd._tile5`), then each value row read once for five weighted sums.
+    q (R, H, dq) fake-quantised; k_codes (H, dq, Fp) int8, frames last, v_codes (H, Fp, dv) int8,
+    frames first; k_scale, v_scale (H, Fp); Fp >= F is a multiple of simd.LANES and frames past F
+    are zero (`decoder._memory_codes`); weights (R, H, F) receives the softmax weights (word
+    timestamps read them); out (R, H, dv). Rows go five at a time, both products as
+    `simd._tile5`'s register tiles (no horizontal sums): the scores of a tile of frames for five
+    rows, summed over dq; then a tile of value columns for five rows, summed over the frames
+    (a plain loop when dv is not a multiple of its lanes).
     """
     n_rows, heads, dq = q.shape
     frames = weights.shape[2]
-    padded = v_codes.shape[2]
-    dv = v_codes.shape[1]
+    padded = v_codes.shape[1]
+    dv = v_codes.shape[2]
     shifted = np.empty(frames, np.float32)
     bits = np.empty(frames, np.int32)
     scaled = np.zeros((5, padded), np.float32)  # frames past F score 0 (zero codes) and weigh 0
     coef = np.empty((5, dq), np.float32)
+    tile = np.empty((5, dv), np.float32)
     for h in range(heads):
         ks = k_scale[h]
         for r0 in range(0, n_rows, 5):
@@ -213,44 +216,57 @@ def _attend_memory(q, k_codes, k_scale, v_codes, v_scale, q_scale, logit_scale, 
                 w[f] = w[f] * inv
     for h in range(heads):
         vs = v_scale[h]
+        vh = v_codes[h]
         for r0 in range(0, n_rows, 5):
             block = min(5, n_rows - r0)
-            for i in range(5):  # rows past the block end weigh nothing
+            for i in range(5):  # rows past the block end weigh nothing; so do frames past F
                 si = scaled[i]
                 if i < block:
                     wi = weights[r0 + i, h]
                     for f in range(frames):
                         si[f] = wi[f] * vs[f]
-                else:
-                    for f in range(frames):
+                    for f in range(frames, padded):
                         si[f] = 0.0
-            w0, w1, w2, w3, w4 = scaled[0], scaled[1], scaled[2], scaled[3], scaled[4]
-            for d in range(dv):
-                vd = v_codes[h, d]
-                a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
-                for f in range(padded):
-                    v = np.float32(vd[f])
-                    a0 += w0[f] * v
-                    a1 += w1[f] * v
-                    a2 += w2[f] * v
-                    a3 += w3[f] * v
-                    a4 += w4[f] * v
-                acc = (a0, a1, a2, a3, a4)
-                for i in range(block):
-                    out[r0 + i, h, d] = acc[i]
+                else:
+                    for f in range(padded):
+                        si[f] = 0.0
+            if dv % LANES == 0:
+                for c0 in range(0, dv, LANES):
+                    _tile5(vh, c0, scaled, tile)
+            else:
+                tile[:] = 0.0
+                for f in range(frames):
+                    vf = vh[f]
+                    for i in range(block):
+                        c = scaled[i, f]
+                        for d in range(dv):
+                            tile[i, d] += c * np.float32(vf[d])
+            for i in range(block):
+                for d in range(dv):
+                    out[r0 + i, h, d] = tile[i, d]
 
 
 @_jit()
-def _gather_levels(codes, norms, codebook, rows, group, out):
-    """Rotated-domain rows of a CQ matrix: out[m, k] = codebook[codes[rows[m], k]] * norm.
+def _gather_packed(packed, bits, levels, norms, rows, group, out):
+    """Rotated-domain rows of a CQ matrix read from its packed fields: out[m, k] = levels[field k
+    of row rows[m]] * norms[rows[m], k // group].
 
-    codes (N, K_pad) uint8; norms (N, K_pad // group) float32; rows (M,) int64; out (M, K_pad).
-    A normalised FWHT of each group of `out` gives the dequantised weights.
+    packed (N, row bytes) uint8, each row an LSB-first stream of `bits`-bit fields
+    (`container.unpack_lsb`'s layout); levels (2**bits,) float32, the codebook level of each field
+    value (`PackedCQ.field_codes`); norms (N, K_pad // group) float32; rows (M,) int64; out
+    (M, K_pad). A normalised FWHT of each group of `out` gives the dequantised weights.
     """
+    mask = (1 << bits) - 1
     for m in range(rows.shape[0]):
-        row = rows[m]
-        for k in range(codes.shape[1]):
-            out[m, k] = codebook[codes[row, k]] * norms[row, k // group]
+        pr = packed[rows[m]]
+        nr = norms[rows[m]]
+        for k in range(out.shape[1]):
+            at = k * bits
+            byte, shift = at >> 3, at & 7
+            v = np.int64(pr[byte]) >> shift
+            if shift + bits > 8:   # the field runs on into the next byte
+                v |= np.int64(pr[byte + 1]) << (8 - shift)
+            out[m, k] = levels[v & mask] * nr[k // group]
 
 
 @_jit(GEMM_FASTMATH)
@@ -709,12 +725,13 @@ def _engram_hash(seq, depth, start, orders, hashes, stride, seed, prime, shift, 
 
 
 @_jit(GEMM_FASTMATH)
-def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv, taps, dilation, ring, anc, n_rows,
-                 start, key, value):
+def _engram_site(idx, ok, t_packed, t_bits, t_levels, t_norms, t_group, slots, sub, kv, taps, dilation, ring, anc,
+                 n_rows, start, key, value):
     """One engram site's key and value rows for the new positions (needle `Engram`, guide §6).
 
-    idx, ok (B*S, tables): table indices and validity; the gathered rows (dequantised CQ rows of
-    each table, cut to `sub` = sub_dim, zeroed where not ok) are int8-quantised
+    idx, ok (B*S, tables): table indices and validity; the tables, stacked (tables * slots rows),
+    stay packed (t_packed, t_bits, t_levels, t_norms as `_gather_packed` reads them); the gathered
+    rows (dequantised CQ rows of each table, cut to `sub` = sub_dim, zeroed where not ok) are int8-quantised
     together and projected by the stacked [key | value] matrix kv (a `Rotated`); the value rows then pass the
     dilated causal taps over `hist` (capacity, H, width), which receives the raw value rows.
     key, value (B*S, width).
@@ -725,8 +742,8 @@ def _engram_site(idx, ok, t_codes, t_norms, t_codebook, t_group, slots, sub, kv,
     for m in range(n):
         for t in range(tables):
             rows_sel[m * tables + t] = t * slots + idx[m, t]
-    rot = np.empty((n * tables, t_codes.shape[1]), np.float32)
-    _gather_levels(t_codes, t_norms, t_codebook, rows_sel, t_group, rot)
+    rot = np.empty((n * tables, t_norms.shape[1] * t_group), np.float32)
+    _gather_packed(t_packed, t_bits, t_levels, t_norms, rows_sel, t_group, rot)
     deq = np.empty_like(rot)
     _fwht_rows(rot, t_group, deq)
     fetched = np.empty((n, tables * sub), np.float32)
