@@ -735,6 +735,34 @@ def test_weights_over_a_searched_state_reuse_its_memory_exactly(odd_model, odd_d
         dec.cross_attention_weights(enc[:5], tokens, same_as=search)
 
 
+def test_a_search_rewound_to_its_prompt_records_the_teacher_forced_weights(odd_model, odd_decoder):
+    """`mark` after a prompt fed with one row; a search's steps over several rows, with reorders
+    and past where its winner ends; then `rewind` and the winner's tokens fed again: the record
+    holds the teacher-forced pass's weights and the feed gives its logits, bit for bit (the tap
+    and engram rings and the token history back as they were at the mark)."""
+    dec = odd_decoder
+    _, enc, text = _parity_case(odd_model, seed=10)
+    d = dec.dims
+    prompt = [d.bos, d.first_tag, *text[:3]]
+    state = dec.start(enc, beams=4)
+    dec.record(state)
+    dec.feed(state, prompt)
+    mark = dec.mark(state)
+    rng = np.random.default_rng(11)
+    for parents in ([0, 0, 0, 0], [3, 1, 1, 0], [2, 0, 3], [1, 1, 0, 2], [3, 2, 1, 0]):
+        dec.step(state, np.array(parents), rng.integers(3, d.text_vocab, len(parents)))
+    assert dec.recorded_weights(state, len(prompt) + 3) is None   # four rows live: no one row's record
+    with pytest.raises(ValueError, match="one row live"):
+        dec.mark(state)
+    winner = [int(t) for t in text[3:6]]
+    dec.rewind(state, mark)
+    logits = dec.feed(state, winner)[0]
+    tokens = prompt + winner
+    want_logits, want = dec.logits_and_weights(enc, tokens)
+    np.testing.assert_array_equal(dec.recorded_weights(state, len(tokens)), want)
+    np.testing.assert_array_equal(logits, want_logits[len(prompt):])
+
+
 # ---------------------------------------------------------------- boundary checks
 
 

@@ -202,6 +202,32 @@ def test_word_times_are_ordered_and_within_the_clip(tiny, clips):
             last = w["end"]
 
 
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_a_searchs_word_times_are_those_of_a_teacher_forced_pass(odd, clips, monkeypatch, prefix):
+    """With beams the word times' weights come from the winner's text fed again after the prompt
+    (`Decoder.rewind`); they equal, and so do the words, those of the teacher-forced pass over the
+    prompt and the text that ran before (taken here by giving the search no mark). The odd shape
+    has causal taps and engram sites, whose rings the rewind puts back; a stream's committed
+    words (prefix) are part of the prompt."""
+    pcm = clips["flite_12s"]
+    first = odd._decode(pcm, "en", None, 5, False)["tokens"]
+    if prefix:
+        assert len(first) > prefix
+    lead = first[:prefix]
+    seen = []   # the weights each run times its words with
+    word_times = odd._word_times
+    monkeypatch.setattr(odd, "_word_times", lambda pcm, frames, weights, *rest: (
+        seen.append(weights.copy()), word_times(pcm, frames, weights, *rest))[1])
+    with monkeypatch.context() as m:   # the record serves: no teacher-forced pass runs
+        m.setattr(odd.decoder, "cross_attention_weights", lambda *a, **k: pytest.fail("a teacher-forced pass ran"))
+        rewound = odd._decode(pcm, "en", None, 5, True, prefix=lead)
+    monkeypatch.setattr(odd.decoder, "mark", lambda state: None)
+    forced = odd._decode(pcm, "en", None, 5, True, prefix=lead)
+    assert rewound["tokens"] == forced["tokens"] and len(rewound["tokens"]) > prefix
+    np.testing.assert_array_equal(seen[0], seen[1])
+    assert rewound["words"] == forced["words"] and rewound["words"]
+
+
 def test_align_times_any_text_and_refuses_bad_input(tiny, clips):
     pcm = clips["espeak_5s"]
     words = tiny.align(pcm, "set a timer for ten minutes")

@@ -309,6 +309,22 @@ class DecoderState:
     recorded: dict | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class DecoderMark:
+    """Where a one-row decode stood (`Decoder.mark`), for `Decoder.rewind` to go on from there
+    after a search has fed more: the position, and row 0 of every ring (the causal taps', the
+    engram sites') and of the token history, which later positions overwrite."""
+
+    position: int
+    rings: tuple
+    tokens: np.ndarray
+
+
+def _rings(state: DecoderState) -> list:
+    """Every ring of `state` that a position writes in its pool row's slot: the taps', the engram sites'."""
+    return [ring for layer in state.tap_hist for ring in layer] + list(state.engram_hist.values())
+
+
 class Decoder:
     """The decoder of a Whistle .cact.
 
@@ -399,12 +415,33 @@ class Decoder:
 
     def record(self, state: DecoderState) -> None:
         """From now on `state` keeps the alignment layers' cross-attention weights of every position
-        it feeds while one row is live (a greedy decode), so that `recorded_weights` gives the
+        it feeds while one row is live (a prompt, a greedy decode, a search's text fed again after
+        `rewind`), so that `recorded_weights` gives the
         teacher-forced pass's weights of what it read without running that pass (a row's weights
         are the same whichever way it was fed). Pages are touched only for the positions fed."""
         d = self.dims
         state.recorded = {i: np.empty((d.max_tokens, d.heads, state.frames), np.float32)
                           for i in self.alignment_layers}
+
+    def mark(self, state: DecoderState) -> DecoderMark:
+        """Where `state`, one row live, stands now (the end of a prompt), for `rewind`."""
+        if state.rows != 1:
+            raise ValueError(f"a mark is taken with one row live, not {state.rows}")
+        return DecoderMark(state.position, tuple(ring[:, 0].copy() for ring in _rings(state)),
+                           state.token_hist[0].copy())
+
+    def rewind(self, state: DecoderState, mark: DecoderMark) -> None:
+        """Back to `mark` (taken on this state) with one row live: what is fed next follows what
+        was fed before the mark, as if nothing came between (a beam search's steps). The KV pool
+        needs nothing: the positions before the mark were fed with one row, so every row reads
+        them from pool row 0 (`_reorder` copies block table rows, and row 0's entries there are
+        0), and a search writes only later positions; the rings' row 0 slots, which later
+        positions overwrite, and the token history come back from the mark."""
+        for ring, kept in zip(_rings(state), mark.rings):
+            ring[:, 0] = kept
+        state.token_hist[0] = mark.tokens
+        state.rows = 1
+        state.position = mark.position
 
     def recorded_weights(self, state: DecoderState, positions: int) -> np.ndarray | None:
         """`cross_attention_weights` of the first `positions` tokens `state` fed, from its record

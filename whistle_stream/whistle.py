@@ -132,8 +132,8 @@ class Whistle(ModelFile):
                     "decode_s": 0.0}
         assert state is not None   # made whenever there is encoder output
         greedy = beams == 1 and biaser is None
-        if greedy and words:
-            self.decoder.record(state)  # the word times' weights, as the search feeds the positions
+        if words:   # the word times' weights, as the prompt and a greedy search feed the positions
+            self.decoder.record(state)
         prefix = list(prefix) if len(prefix) + PREFIX_ROOM <= d.max_tokens else []
         if language is None:  # detected from the row after <s>, then the tag fed
             language = self._detect_language(self.decoder.feed(state, [d.bos])[0, -1])
@@ -143,6 +143,9 @@ class Whistle(ModelFile):
             tag = d.language_id(language)
             logits = self.decoder.feed(state, [d.bos, tag] + prefix)[0, -1]
         ttft = time.perf_counter() - t0
+        # A search's beams leave no one row's record: its text is fed again after the prompt
+        # (`Decoder.rewind`), instead of a teacher-forced pass over the prompt and the text.
+        mark = self.decoder.mark(state) if words and not greedy else None
         if greedy:
             result, state = self._greedy_draft(state, logits, [d.bos, tag] + prefix, draft)
         else:
@@ -155,6 +158,10 @@ class Whistle(ModelFile):
         if words and tokens:
             # a committed word was heard and agreed on: its tokens count as certain
             probs = np.concatenate([np.ones(len(prefix)), np.exp(np.asarray(result.token_logprobs, np.float64))])
+            if mark is not None and 2 + len(tokens) <= d.max_tokens:
+                self.decoder.rewind(state, mark)
+                if result.tokens:
+                    self.decoder.feed(state, list(result.tokens))
             weights = self.decoder.recorded_weights(state, 2 + len(tokens))
             if weights is None:
                 weights = self.decoder.cross_attention_weights(enc, [d.bos, tag] + tokens, same_as=state)
