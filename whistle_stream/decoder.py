@@ -416,9 +416,9 @@ class Decoder:
     def record(self, state: DecoderState) -> None:
         """From now on `state` keeps the alignment layers' cross-attention weights of every position
         it feeds while one row is live (a prompt, a greedy decode, a search's text fed again after
-        `rewind`), so that `recorded_weights` gives the
-        teacher-forced pass's weights of what it read without running that pass (a row's weights
-        are the same whichever way it was fed). Pages are touched only for the positions fed."""
+        `rewind`), so that `recorded_weights` gives the teacher-forced pass's weights of what it
+        read without running that pass (a row's weights are the same whichever way it was fed).
+        Pages are touched only for the positions fed."""
         d = self.dims
         state.recorded = {i: np.empty((d.max_tokens, d.heads, state.frames), np.float32)
                           for i in self.alignment_layers}

@@ -158,7 +158,7 @@ class Whistle(ModelFile):
         if words and tokens:
             # a committed word was heard and agreed on: its tokens count as certain
             probs = np.concatenate([np.ones(len(prefix)), np.exp(np.asarray(result.token_logprobs, np.float64))])
-            if mark is not None and 2 + len(tokens) <= d.max_tokens:
+            if mark is not None:   # (the search's cap leaves the text room after the prompt)
                 self.decoder.rewind(state, mark)
                 if result.tokens:
                     self.decoder.feed(state, list(result.tokens))
