@@ -43,9 +43,9 @@ from whistle_stream.decoder import MEMORY_FRAME_BLOCK, Decoder, _memory_codes, l
 from whistle_stream.decoder import ENGRAM_PRIME, ENGRAM_SEED, ENGRAM_SHIFT
 from whistle_stream.kernels.decoder import (
     _block_step, _attend_memory, _attend_pool, _causal_taps, _packed_rows, _engram_hash, _engram_mix, _engram_site, _exp_rows,
-    Rotated, _gather_packed, _kron_rows, _levels_rows, _push_ring,
+    Rotated, _gather_packed, _kron_rows, _lanes_final, _lanes_from, _levels_rows, _push_ring, _reorder_rows,
 )
-from whistle_stream.kernels import _packed_levels
+from whistle_stream.kernels import _packed_levels, _zc_rmsnorm_rows
 from whistle_stream.kernels import integer as KI
 from whistle_stream.kernels.simd import LANES, interleave
 
@@ -124,20 +124,57 @@ def test_push_ring_keeps_the_newest_rows_where_the_taps_read_them():
 def test_pool_attention_reads_each_beams_own_positions(H, dv):
     rng = np.random.default_rng(2)
     T, R, KH, dq = 19, 3, 2, 6
-    k_pool = rng.standard_normal((T, R, KH, dq)).astype(np.float32)
-    v_pool = rng.standard_normal((T, R, KH, dv)).astype(np.float32)
+    k_pool = rng.integers(-128, 128, (T, R, KH, dq)).astype(np.int8)
+    v_pool = rng.integers(-128, 128, (T, R, KH, dv)).astype(np.int8)
+    k_scale = rng.uniform(0.001, 0.02, (T, R, KH)).astype(np.float32)
+    v_scale = rng.uniform(0.001, 0.02, (T, R, KH)).astype(np.float32)
     anc = rng.integers(0, R, (R, T)).astype(np.int32)
     start, S = 15, 2  # 17 positions: a tile and a part
     q = rng.standard_normal((R, S, H, dq)).astype(np.float32)
     out = np.empty((R, S, H, dv), np.float32)
-    _attend_pool(q, k_pool, v_pool, anc, start, np.float32(1.5), np.float32(0.25), np.empty((H // KH, T), np.float32), out)
+    _attend_pool(q, k_pool, k_scale, v_pool, v_scale, anc, start, np.float32(1.5), np.float32(0.25),
+                 np.empty((H // KH, T), np.float32), out)
+    keys = k_pool * k_scale[..., None]     # the fake-quantised keys and values the codes stand for
+    values = v_pool * v_scale[..., None]
     for b in range(R):
         for i in range(S):
             p = start + i
-            k = k_pool[np.arange(p + 1), anc[b, : p + 1]]
-            v = v_pool[np.arange(p + 1), anc[b, : p + 1]]
+            k = keys[np.arange(p + 1), anc[b, : p + 1]]
+            v = values[np.arange(p + 1), anc[b, : p + 1]]
             want, _ = naive_attention(q[b, i][None], k, v, 1.5 * 0.25)
             np.testing.assert_allclose(out[b, i], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_reorder_gathers_the_parents_block_table_and_token_history():
+    rng = np.random.default_rng(12)
+    anc = rng.integers(0, 5, (5, 40)).astype(np.int32)
+    hist = rng.integers(0, 500, (5, 2)).astype(np.int64)
+    parents = np.array([3, 3, 0, 4], np.int64)   # fewer rows, a parent twice, rows overwritten before read
+    want_anc, want_hist = anc.copy(), hist.copy()
+    want_anc[:4, :17] = anc[parents, :17]
+    want_hist[:4] = hist[parents]
+    _reorder_rows(anc, hist, parents, 17)
+    np.testing.assert_array_equal(anc, want_anc)
+    np.testing.assert_array_equal(hist, want_hist)
+
+
+@pytest.mark.parametrize("lanes", [4, 3])
+def test_the_lane_stream_starts_and_ends_as_numpy_computes_it(lanes):
+    """Every lane starts as the scaled embedding; the final norm is ZCRMSNorm (its own kernel,
+    twinned in test_kernels) of the lanes' float32 mean, NumPy's to the bit."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((5, 24)).astype(np.float32)
+    scale = np.float32(math.sqrt(24))
+    stream = np.empty((5, lanes, 24), np.float32)
+    _lanes_from(x, scale, stream)
+    np.testing.assert_array_equal(stream, np.broadcast_to((x * scale)[:, None], stream.shape))
+    stream = rng.standard_normal((5, lanes, 24)).astype(np.float32)
+    gain = rng.standard_normal(24).astype(np.float32) * np.float32(0.1)
+    out = np.empty((5, 24), np.float32)
+    _lanes_final(stream, gain, 1e-6, out)
+    want = np.empty_like(out)
+    _zc_rmsnorm_rows(stream.mean(axis=1, dtype=np.float32), gain, 1e-6, want)
+    np.testing.assert_array_equal(out, want)
 
 
 @pytest.mark.parametrize("ba, bb", [(4, 16), (3, 6)])  # bb 16: SIMD tiles; 6: plain loops
@@ -618,12 +655,13 @@ def test_ladder_depth_4_runs_layers_0_3_5_7_and_matches_sliced_reference(referen
 def test_a_large_embedding_stays_packed_and_decodes_as_the_dense_table_does(full_model):
     """The full architecture's embedding (over DENSE_EMBEDDING_BYTES) stays packed, its rows
     dequantised per step; the logits equal, bit for bit, those read from the dense table."""
-    from whistle_stream.decoder import DENSE_EMBEDDING_BYTES, _DenseRows
-    from whistle_stream.container import PackedCQ
+    from whistle_stream.decoder import DENSE_EMBEDDING_BYTES, _DenseRows, _PackedRows
 
     cact = CactFile(full_model.path)
     packed, dense = Decoder(cact), Decoder(cact)
-    assert isinstance(packed.embedding, PackedCQ) and cact.array("embedding").nbytes > DENSE_EMBEDDING_BYTES
+    assert isinstance(packed.embedding, _PackedRows) and cact.array("embedding").nbytes > DENSE_EMBEDDING_BYTES
+    ids = np.array([0, 7, 7, cact.dims.vocab - 1])
+    np.testing.assert_array_equal(packed.embedding.rows(ids), cact.packed_cq("embedding").rows(ids))
     dense.embedding = _DenseRows(cact.array("embedding"))
     _, enc, text = _parity_case(full_model, seed=3)
     d = packed.dims
@@ -860,10 +898,10 @@ def test_a_fused_layer_equals_its_blocks_called_one_by_one():
         q = np.empty((rows, n_new, heads, d.qk_dim), np.float32)
         DK._self_qkv(y, rows, start, layer.q_taps, layer.k_taps, layer.v_taps, hq, hk, hv, plain.anc,
                      layer.q_norm, layer.k_norm, dec.rope_cos, dec.rope_sin, eps, heads, kv, plain.k_pool[li],
-                     plain.v_pool[li], q)
+                     plain.k_scale[li], plain.v_pool[li], plain.v_scale[li], q)
         att = np.empty((rows, n_new, heads, d.v_dim), np.float32)
-        _attend_pool(q, plain.k_pool[li], plain.v_pool[li], plain.anc, start, dec.q_scale, dec.logit_scale,
-                     plain.scores, att)
+        _attend_pool(q, plain.k_pool[li], plain.k_scale[li], plain.v_pool[li], plain.v_scale[li], plain.anc, start,
+                     dec.q_scale, dec.logit_scale, plain.scores, att)
         o = np.empty((n, layer.out.shape[0]), np.float32)
         DK._gate_product(att.reshape((n, heads * d.v_dim)), y[:, layer.qkvg.offsets[3]:], layer.out.record(), o)
         DK._gated_residual(x, o, layer.post_norm, eps, layer.attn_gate)
@@ -885,6 +923,6 @@ def test_a_fused_layer_equals_its_blocks_called_one_by_one():
 
         np.testing.assert_allclose(fused_out, plain_out, rtol=1e-5, atol=1e-5, err_msg=f"layer {i}")
         np.testing.assert_allclose(fused_w, plain_w, rtol=1e-5, atol=1e-6, err_msg=f"layer {i}")
-        np.testing.assert_allclose(state.k_pool[li], plain.k_pool[li], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(state.v_pool[li], plain.v_pool[li], rtol=1e-5, atol=1e-6)
+        for pool in ("k_pool", "k_scale", "v_pool", "v_scale"):
+            np.testing.assert_array_equal(getattr(state, pool)[li], getattr(plain, pool)[li])
         assert np.abs(fused_out - stream).max() > 1e-3   # the layer did something

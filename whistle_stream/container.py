@@ -91,10 +91,17 @@ def dequantize_rows(codes: np.ndarray, norms: np.ndarray, codebook: np.ndarray, 
     groups = codes.shape[1] // group
     rot = codebook[codes].reshape(rows, groups, group)
     rot *= norms.astype(np.float32)[:, :, None]
+    return from_rotated(rot.reshape(rows, groups * group), group, in_dim)
+
+
+def from_rotated(rot: np.ndarray, group: int, in_dim: int) -> np.ndarray:
+    """Rows in the rotated domain (rows, in_pad) float32, codebook[idx] * norm, as weights
+    (rows, in_dim): each group times H."""
+    rows = rot.shape[0]
     # A stack of (groups, group) products, as export._cq_unpack computes it, so the float32 sums
     # run in the same order and the result is bit-identical (a row alike whichever rows come with it).
-    w = rot @ walsh_hadamard(group)
-    return np.ascontiguousarray(w.reshape(rows, groups * group)[:, :in_dim])
+    w = rot.reshape(rows, -1, group) @ walsh_hadamard(group)
+    return np.ascontiguousarray(w.reshape(rows, -1)[:, :in_dim])
 
 
 @dataclass(frozen=True)

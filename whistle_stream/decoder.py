@@ -8,7 +8,8 @@ final norm, int8, and the tied embedding as the output head over every vocabular
 
 State, kept apart from the weights (`DecoderState`, one per clip):
 - cross-attention K/V, projected and quantised once per clip per layer;
-- a KV pool per layer indexed by (position, pool row), and a block table `anc` (beam, position)
+- a KV pool per layer indexed by (position, pool row), int8 codes with a scale per head vector
+  (the reference's int8 KV, a quarter of float32's bytes), and a block table `anc` (beam, position)
   -> pool row. A new position of beam b is written to pool row b; reordering beams by `parents`
   copies only their rows of the small int32 table, never the cache itself;
 - short histories per beam (the last taps-1 projected Q/K/V rows per layer, the engram's last
@@ -30,11 +31,13 @@ import numpy as np
 from . import blocks as B
 from . import kernels as K
 from .blocks import NORM_EPS, SINKHORN_ITERS
+from .container import from_rotated
 from .rules import BEAMS
 from .kernels.simd import PACKED_BITS
 from .kernels.decoder import (
     CrossAttention, LaneMaps, LayerStep, Memory, Rotated, SelfAttention, SelfCache, Shape,
-    _block_step, _packed_rows, compiled_for, _engram_hash, _engram_site, _levels_rows, _quant_codes, _quant_rotate,
+    _block_step, _packed_rows, compiled_for, _engram_hash, _engram_site, _gather_packed, _lanes_final, _lanes_from,
+    _levels_rows, _quant_codes, _quant_rotate, _reorder_rows,
 )
 from .kernels import integer as KI
 
@@ -253,15 +256,28 @@ class _DenseRows:
         return self.table[np.asarray(rows, np.int64).reshape(-1)]
 
 
+class _PackedRows:
+    """A CQ table left packed in the file, read a few rows at a time (`_gather_packed`: each field's
+    level times its group's norm): rows(ids) as PackedCQ.rows gives them, to the bit."""
+
+    def __init__(self, cq):
+        self.cq, self.shape, self.group = cq, cq.shape, cq.group
+        self.levels = np.ascontiguousarray(cq.codebook[cq.field_codes()], np.float32)
+        self.norms = np.ascontiguousarray(cq.norms, np.float32)
+
+    def rows(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        rot = np.empty((rows.shape[0], self.cq.in_pad), np.float32)
+        _gather_packed(self.cq.packed, self.cq.field_bits, self.levels, self.norms, rows, self.group, rot)
+        return from_rotated(rot, self.group, self.shape[1])
+
+
 class _Engram:
     """One engram site: hashed n-gram tables (left packed, gathered per token), key/value maps."""
 
     def __init__(self, cact, site: int):
         d = cact.dims
-        self.tables = cact.packed_cq(f"engram{site}.tables")  # a step reads a few rows of it, packed
-        self.norms = np.ascontiguousarray(self.tables.norms, np.float32)
-        self.levels = np.ascontiguousarray(self.tables.codebook[self.tables.field_codes()], np.float32)
-        self.group = self.tables.group
+        self.tables = _PackedRows(cact.packed_cq(f"engram{site}.tables"))  # a step reads a few rows
         self.kv = _LevelsLinear(cact, f"engram{site}.key_proj", f"engram{site}.value_proj")
         self.kv_record = self.kv.record()
         self.taps = cact.array(f"engram{site}.taps")  # (4, width)
@@ -271,16 +287,17 @@ class _Engram:
 # ---------------------------------------------------------------- per-clip state
 
 
-def untouched_zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """A float32 array of zeros in pages of its own, which hold memory only once written.
+def untouched_zeros(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """An array of zeros in pages of its own, which hold memory only once written.
 
     The KV pools have room for max_tokens positions (320) and a pass writes the few dozen it
     decodes; np.zeros takes them from the heap once freed arrays have raised malloc's mmap
-    threshold, and calloc then writes every page (11.5 MB a pass with the full architecture).
+    threshold, and calloc then writes every page.
     """
-    size = int(np.prod(shape)) * 4
-    pages = mmap.mmap(-1, max(size, 1))
-    return np.frombuffer(pages, np.float32, count=size // 4).reshape(shape)
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    pages = mmap.mmap(-1, max(count * dtype.itemsize, 1))
+    return np.frombuffer(pages, dtype, count=count).reshape(shape)
 
 
 @dataclass(eq=False)
@@ -296,8 +313,10 @@ class DecoderState:
     position: int
     cross_k: list  # per kept layer (int8 codes (heads, qk_dim, padded frames), scales (heads, padded frames))
     cross_v: list  # per kept layer (int8 codes (heads, padded frames, v_dim), scales (heads, padded frames))
-    k_pool: list  # per kept layer (max_tokens, capacity, kv_heads, qk_dim)
-    v_pool: list  # per kept layer (max_tokens, capacity, kv_heads, v_dim)
+    k_pool: list  # per kept layer (max_tokens, capacity, kv_heads, qk_dim) int8 codes
+    k_scale: list  # per kept layer (max_tokens, capacity, kv_heads) float32: key = codes * scale
+    v_pool: list  # per kept layer (max_tokens, capacity, kv_heads, v_dim) int8 codes
+    v_scale: list  # per kept layer (max_tokens, capacity, kv_heads) float32
     anc: np.ndarray  # (capacity, max_tokens) int32: pool row of each beam's position
     tap_hist: list  # per kept layer [q, k, v] raw-row rings, each (taps, capacity, features)
     engram_hist: dict  # site -> ((conv taps - 1) * dilation + 1, capacity, width) raw value-row ring
@@ -349,7 +368,7 @@ class Decoder:
         if packed.shape[0] * packed.shape[1] * 4 <= DENSE_EMBEDDING_BYTES:
             self.embedding = _DenseRows(cact.array("embedding"))
         else:
-            self.embedding = packed
+            self.embedding = _PackedRows(packed)
         self.head = _LevelsLinear(cact, "embedding")  # output head: the same matrix, over every id
         self.pe_gate = _sigmoid_scalar(cact.array("pe_gate"))
         self.embed_scale = np.float32(math.sqrt(d.width))
@@ -466,16 +485,18 @@ class Decoder:
         engram_hist = {s: np.zeros((self.engram_depth + 1, cap, d.width), np.float32) for s in self.engrams}
         state = DecoderState(
             frames=frames, capacity=cap, rows=1, position=0, cross_k=cross_k, cross_v=cross_v,
-            k_pool=[untouched_zeros((T, cap, d.kv_heads, d.qk_dim)) for _ in self.layers],
-            v_pool=[untouched_zeros((T, cap, d.kv_heads, d.v_dim)) for _ in self.layers],
+            k_pool=[untouched_zeros((T, cap, d.kv_heads, d.qk_dim), np.int8) for _ in self.layers],
+            k_scale=[untouched_zeros((T, cap, d.kv_heads)) for _ in self.layers],
+            v_pool=[untouched_zeros((T, cap, d.kv_heads, d.v_dim), np.int8) for _ in self.layers],
+            v_scale=[untouched_zeros((T, cap, d.kv_heads)) for _ in self.layers],
             anc=np.zeros((cap, T), np.int32), tap_hist=tap_hist, engram_hist=engram_hist,
             token_hist=np.zeros((cap, max(max(self.orders, default=1) - 1, 0)), np.int64),
             scores=np.empty((d.heads // d.kv_heads, T), np.float32), layer_args=[])
         # Each layer's `LayerStep`, built once per clip (packing it per step was a tenth of a
         # millisecond of a 5-beam step).
         for li, layer in enumerate(self.layers):
-            cache = SelfCache(*tap_hist[li], k_pool=state.k_pool[li], v_pool=state.v_pool[li], anc=state.anc,
-                              scores=state.scores)
+            cache = SelfCache(*tap_hist[li], k_pool=state.k_pool[li], k_scale=state.k_scale[li],
+                              v_pool=state.v_pool[li], v_scale=state.v_scale[li], anc=state.anc, scores=state.scores)
             memory = Memory(*cross_k[li], *cross_v[li])
             state.layer_args.append(LayerStep(
                 lanes=self.lane_maps[li], cache=cache, memory=memory, attn=layer.attn, cross=layer.cross,
@@ -576,9 +597,7 @@ class Decoder:
         rows = parents.shape[0]
         if rows == state.rows and np.array_equal(parents, np.arange(rows)):
             return
-        t = state.position
-        state.anc[:rows, :t] = state.anc[parents, :t]
-        state.token_hist[:rows] = state.token_hist[parents]
+        _reorder_rows(state.anc, state.token_hist, parents, state.position)
         state.rows = rows
 
     def _engram_rows(self, state: DecoderState, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -601,7 +620,7 @@ class Decoder:
         key = np.empty((idx.shape[0], d.width), np.float32)
         value = np.empty_like(key)
         t = e.tables
-        _engram_site(idx, ok, t.packed, t.field_bits, e.levels, e.norms, e.group, d.engram_slots, e.sub_dim,
+        _engram_site(idx, ok, t.cq.packed, t.cq.field_bits, t.levels, t.norms, t.group, d.engram_slots, e.sub_dim,
                      e.kv_record, e.taps, d.engram_dilation, state.engram_hist[site], state.anc, state.rows,
                      state.position, key, value)
         return key, value
@@ -613,8 +632,9 @@ class Decoder:
         rows, n_new = tokens.shape
         start = state.position
         state.anc[:rows, start:start + n_new] = np.arange(rows, dtype=np.int32)[:, None]
-        x = self.embedding.rows(tokens) * self.embed_scale  # (B*S, width)
         n = rows * n_new
+        stream = np.empty((n, d.lanes, d.width), np.float32)  # every lane starts as embedding x sqrt(width)
+        _lanes_from(self.embedding.rows(tokens), self.embed_scale, stream)
         engram = {}
         if self.engrams:
             idx, ok = self._engram_rows(state, tokens)
@@ -623,7 +643,6 @@ class Decoder:
         if state.token_hist.shape[1]:
             _push_history(state.token_hist, rows, tokens)
 
-        stream = self.lanes.expand(x)  # (B*S, lanes, width)
         spare = np.empty_like(stream)
         scratch = np.empty((n, d.heads, state.frames), np.float32)
         recorded = state.recorded if rows == 1 else None
@@ -641,8 +660,7 @@ class Decoder:
             step(*args)
             stream, spare = spare, stream
         h = np.empty((n, d.width), np.float32)
-        K._zc_rmsnorm_rows(np.ascontiguousarray(stream.mean(axis=1, dtype=np.float32)), self.lanes.final_norm,
-                           NORM_EPS, h)
+        _lanes_final(stream, self.lanes.final_norm, NORM_EPS, h)
         logits = self.head.quantised(h)
         state.position = start + n_new
         return logits.reshape(rows, n_new, d.vocab)

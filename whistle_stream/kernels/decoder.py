@@ -78,18 +78,62 @@ def _push_ring(ring, new, start):
             ring[(start + i) % slots, b] = new[b, i]
 
 
+@_jit()
+def _reorder_rows(anc, hist, parents, positions):
+    """A beam reorder: row b of the block table anc (cap, T)'s first `positions` entries and of the
+    token history hist (cap, H) becomes old row parents[b] (rows gathered before any is written)."""
+    rows = parents.shape[0]
+    kept_anc = np.empty((rows, positions), anc.dtype)
+    kept_hist = np.empty((rows, hist.shape[1]), hist.dtype)
+    for b in range(rows):
+        kept_anc[b] = anc[parents[b], :positions]
+        kept_hist[b] = hist[parents[b]]
+    anc[:rows, :positions] = kept_anc
+    hist[:rows] = kept_hist
+
+
+@_jit()
+def _lanes_from(x, scale, out):
+    """The lane stream's start: out (R, lanes, C) holds x (R, C) * scale in every lane."""
+    for r in range(x.shape[0]):
+        for lane in range(out.shape[1]):
+            for c in range(x.shape[1]):
+                out[r, lane, c] = x[r, c] * scale
+
+
+@_jit()
+def _lanes_final(stream, scale, eps, out):
+    """out (R, C) = zc_rmsnorm(the lanes' mean) of stream (R, lanes, C): the lanes added in turn,
+    then divided by their count (NumPy's float32 mean over that axis, to the bit)."""
+    n, lanes, width = stream.shape
+    mean = np.empty((n, width), np.float32)
+    count = np.float32(lanes)
+    for r in range(n):
+        for c in range(width):
+            mean[r, c] = stream[r, 0, c]
+        for lane in range(1, lanes):
+            for c in range(width):
+                mean[r, c] += stream[r, lane, c]
+        for c in range(width):
+            mean[r, c] /= count
+    _zc_rmsnorm_rows(mean, scale, eps, out)
+
+
 @_jit(GEMM_FASTMATH)
-def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, out):
+def _attend_pool(q, k_pool, k_scale, v_pool, v_scale, anc, start, q_scale, logit_scale, scores, out):
     """Causal self-attention of new positions over each beam's cached keys and values.
 
     q (B, S, H, dq): int8-fake-quantised queries at positions start .. start+S-1;
-    k_pool (T, R, KH, dq), v_pool (T, R, KH, dv): position s of pool row r;
+    k_pool (T, R, KH, dq), v_pool (T, R, KH, dv): int8 codes of position s of pool row r, with
+    their scales k_scale, v_scale (T, R, KH) (the reference's int8 KV: key = codes * scale);
     anc (B_cap, T) int32: pool row holding position s of beam b (the block table);
     scores (H // KH, T) float32 scratch; out (B, S, H, dv).
     Query head h reads kv head h // (H // KH) (grouped heads, as jax's dot_product_attention): the
     heads of a group are done together, so each key and value row, read in place through the
     block table, serves all of them (faster than gathering the rows first: benchmarks/decoder.py).
-    Logits are ((q * q_scale) . k) * logit_scale, the reference's flash path.
+    Logits are ((q * q_scale) . k) * logit_scale, the reference's flash path, with each key's
+    scale applied to its dot product with the codes (and each value's to its weight): a step
+    reads a quarter of the bytes float32 keys and values would take.
     """
     n_rows, n_new, heads, dq = q.shape
     kv_heads = k_pool.shape[2]
@@ -108,13 +152,15 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
                     for d in range(dq):
                         qs[j, d] = q[b, i, g * group + j, d] * q_scale
                 for s in range(p + 1):
-                    kr = k_pool[s, anc[b, s], g]
+                    r = anc[b, s]
+                    kr = k_pool[s, r, g]
+                    ks = k_scale[s, r, g] * logit_scale
                     for j in range(group):
                         qj = qs[j]
                         a = np.float32(0.0)
                         for d in range(dq):
-                            a += qj[d] * kr[d]
-                        scores[j, s] = a * logit_scale
+                            a += qj[d] * np.float32(kr[d])
+                        scores[j, s] = a * ks
                 for j in range(group):  # softmax as exp(x - max) / sum (kernels._softmax_rows's
                     # arithmetic, inline: called on these slices it made the kernel 25 % slower)
                     row = scores[j]
@@ -132,12 +178,14 @@ def _attend_pool(q, k_pool, v_pool, anc, start, q_scale, logit_scale, scores, ou
                         row[s] *= inv
                 acc[:] = 0.0
                 for s in range(p + 1):
-                    vr = v_pool[s, anc[b, s], g]
+                    r = anc[b, s]
+                    vr = v_pool[s, r, g]
+                    vs = v_scale[s, r, g]
                     for j in range(group):
-                        w = scores[j, s]
+                        w = scores[j, s] * vs
                         aj = acc[j]
                         for d in range(dv):
-                            aj[d] += w * vr[d]
+                            aj[d] += w * np.float32(vr[d])
                 for j in range(group):
                     o = out[b, i, g * group + j]
                     for d in range(dv):
@@ -510,14 +558,16 @@ def _head_norm_quant(x, heads, scale, eps, out):
 
 @_jit(GEMM_FASTMATH)
 def _self_qkv(y, n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, anc, q_norm, k_norm, cos_tab, sin_tab, eps,
-              heads, kv_heads, k_pool, v_pool, q_out):
+              heads, kv_heads, k_pool, k_scale, v_pool, v_scale, q_out):
     """From the stacked projections y (B*S, q | k | v | gate) of the new positions to quantised
-    queries q_out (B, S, H, dq), with this position's keys and values written to the pool.
+    queries q_out (B, S, H, dq), with this position's keys and values written to the pool as int8
+    codes and scales (`_quant_codes`: codes * scale is their fake-quant).
 
     Per stream: causal taps over the raw rows kept in the rings hq/hk/hv (read through the block
     table anc, then this step's rows added), per-head ZCRMSNorm (q, k),
     RoPE at each row's absolute position (q, k), int8 per head (q, k, v) (guide §6).
-    k_pool (T, cap, KH, dq), v_pool (T, cap, KH, dv): position start+i of beam b goes to row b.
+    k_pool (T, cap, KH, dq), v_pool (T, cap, KH, dv) int8 with k_scale, v_scale (T, cap, KH):
+    position start+i of beam b goes to row b.
     """
     n = y.shape[0]
     n_new = n // n_rows
@@ -552,15 +602,20 @@ def _self_qkv(y, n_rows, start, q_taps, k_taps, v_taps, hq, hk, hv, anc, q_norm,
     _rope_rows(qn, cos, sin, qr)
     _rope_rows(kn, cos, sin, kr)
     _fake_quant_rows(qr.reshape((n * heads, dq)), q_out.reshape((n * heads, dq)))
-    _fake_quant_rows(kr.reshape((n * kv_heads, dq)), kr.reshape((n * kv_heads, dq)))
-    vq = np.empty((n * kv_heads, dv), np.float32)
-    _fake_quant_rows(v.reshape((n * kv_heads, dv)), vq)
+    kc = np.empty((n * kv_heads, dq), np.int8)
+    vc = np.empty((n * kv_heads, dv), np.int8)
+    ksc = np.empty(n * kv_heads, np.float32)
+    vsc = np.empty(n * kv_heads, np.float32)
+    _quant_codes(kr.reshape((n * kv_heads, dq)), kc, ksc)
+    _quant_codes(v.reshape((n * kv_heads, dv)), vc, vsc)
     for b in range(n_rows):
         for i in range(n_new):
-            r = b * n_new + i
+            r = (b * n_new + i) * kv_heads
             for g in range(kv_heads):
-                k_pool[start + i, b, g] = kr[r, g]
-                v_pool[start + i, b, g] = vq[r * kv_heads + g]
+                k_pool[start + i, b, g] = kc[r + g]
+                v_pool[start + i, b, g] = vc[r + g]
+                k_scale[start + i, b, g] = ksc[r + g]
+                v_scale[start + i, b, g] = vsc[r + g]
 
 
 @_jit(GEMM_FASTMATH)
@@ -845,12 +900,15 @@ class LaneMaps(NamedTuple):
 
 
 class SelfCache(NamedTuple):
-    """One layer's per-clip self-attention state: tap rings, KV pool, block table, scratch."""
+    """One layer's per-clip self-attention state: tap rings, KV pool (int8 codes and scales),
+    block table, scratch."""
     hq: np.ndarray
     hk: np.ndarray
     hv: np.ndarray
     k_pool: np.ndarray
+    k_scale: np.ndarray
     v_pool: np.ndarray
+    v_scale: np.ndarray
     anc: np.ndarray
     scores: np.ndarray
 
@@ -961,9 +1019,11 @@ def _block_step(stream, out, weights, eng_key, eng_value, n_rows, start, layer):
     _norm_product(x, sa.norm_in, eps, sa.qkvg, y)
     q = np.empty((n_rows, n_new, heads, dq), np.float32)
     _self_qkv(y, n_rows, start, sa.q_taps, sa.k_taps, sa.v_taps, cache.hq, cache.hk, cache.hv, cache.anc,
-              sa.q_norm, sa.k_norm, sh.cos_tab, sh.sin_tab, eps, heads, kv_heads, cache.k_pool, cache.v_pool, q)
+              sa.q_norm, sa.k_norm, sh.cos_tab, sh.sin_tab, eps, heads, kv_heads, cache.k_pool, cache.k_scale,
+              cache.v_pool, cache.v_scale, q)
     att = np.empty((n_rows, n_new, heads, dv), np.float32)
-    _attend_pool(q, cache.k_pool, cache.v_pool, cache.anc, start, sh.q_scale, sh.logit_scale, cache.scores, att)
+    _attend_pool(q, cache.k_pool, cache.k_scale, cache.v_pool, cache.v_scale, cache.anc, start, sh.q_scale,
+                 sh.logit_scale, cache.scores, att)
     o = np.empty((n, sa.out.outputs), np.float32)
     _gate_product(att.reshape((n, heads * dv)), y[:, sa.gate_at:], sa.out, o)
     _gated_residual(x, o, sa.post_norm, eps, sa.gate)
