@@ -5,6 +5,7 @@ straightforward NumPy implementation of the same decoder, in the same run.
     python benchmarks/decoder.py --shape tiny --steps 10
     python benchmarks/decoder.py --model path.cact --vocab 0
     python benchmarks/decoder.py --threads 2      # only the 2-thread engine (default: 1 and 2 in turn)
+    python benchmarks/decoder.py --engine WORKTREE   # this checkout's step against another's
 
 The harness's full-architecture model has the test tokenizer's 519-row embedding; the shipped file
 has 8199 rows and the output head is the largest matrix of a step, so by default the head (and
@@ -23,13 +24,23 @@ in blocks of 10 engine steps back to back, as a beam search runs them.
 The NumPy baseline keeps every matrix dequantised to float32 and multiplies through BLAS, keeps
 one KV cache per beam and gathers it on every reorder, and runs the same quantisation points;
 its logits are compared with the engine's at the end.
+
+With --engine, only the step is timed, this checkout's engine against another checkout's (a git
+worktree), each in a child process of its own (whistle_stream imported from its checkout, one
+thread) on the same model, head, memory, context and random parents and tokens: single steps
+taken in turn by the two (each starting where the other's step left the caches), then blocks of
+10 steps back to back, each engine's block in turn. Prints each side's best and median and
+their ratio (this / other).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -224,6 +235,89 @@ def widen_head(dec: Decoder, cact: CactFile, vocab: int, seed: int = 0) -> np.nd
     return cq.dequantize()
 
 
+# ---------------------------------------------------------------- against another checkout
+
+_CHILD = r"""
+import dataclasses, json, sys, time
+sys.path[:0] = [sys.argv[1], sys.argv[2] + "/benchmarks"]
+import numpy as np
+from whistle_stream import kernels
+from whistle_stream.container import CactFile
+from whistle_stream.decoder import Decoder
+from harness_model import shipped_size_embedding
+path, vocab, frames, context, beams = sys.argv[3], *map(int, sys.argv[4:8])
+kernels.set_threads(1)
+cact = CactFile(path)
+dec = Decoder(cact)
+if vocab:
+    shipped_size_embedding(dec, cact, vocab, 0)
+    dec.dims = dataclasses.replace(dec.dims, vocab=vocab, text_vocab=vocab - len(dec.dims.languages))
+d = dec.dims
+rng = np.random.default_rng(0)
+enc = rng.standard_normal((frames, d.width)).astype(np.float32)
+prompt = [d.bos, d.first_tag] + list(rng.integers(3, d.text_vocab, context - 2))
+zero = np.zeros(beams, np.int64)
+state = None
+for line in sys.stdin:
+    steps, seed, fresh = map(int, line.split())
+    if fresh or state is None or state.position + steps >= d.max_tokens:
+        state = dec.start(enc, beams=beams)
+        dec.feed(state, prompt)
+        dec.step(state, zero, np.full(beams, 3))
+    rng = np.random.default_rng(seed)
+    times = []
+    for _ in range(steps):
+        parents, tokens = rng.integers(0, beams, beams), rng.integers(3, d.text_vocab, beams)
+        t0 = time.perf_counter()
+        dec.step(state, parents, tokens)
+        times.append(time.perf_counter() - t0)
+    print(json.dumps(times), flush=True)
+"""
+
+
+def against(args, path: str) -> None:
+    """--engine: this checkout's 5-beam step against another's, each in its own child process."""
+    root = args.engine.resolve()
+    if not (root / "whistle_stream" / "decoder.py").exists():
+        raise SystemExit(f"--engine {args.engine}: not a checkout (no whistle_stream/decoder.py there)")
+    sides = {"this": ROOT, "other": root}
+    procs = {name: subprocess.Popen([sys.executable, "-c", _CHILD, str(r), str(ROOT), path, str(args.vocab),
+                                     str(args.frames), str(args.context), str(args.beams)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+             for name, r in sides.items()}
+
+    def run(name: str, steps: int, seed: int, fresh: bool) -> list:
+        procs[name].stdin.write(f"{steps} {seed} {int(fresh)}\n")
+        procs[name].stdin.flush()
+        line = procs[name].stdout.readline()
+        if not line:
+            raise SystemExit(f"the {name} engine's child exited: {procs[name].wait()}")
+        return json.loads(line)
+
+    for name in sides:   # compile, load, warm
+        run(name, 10, 0, True)
+    turns = {name: [] for name in sides}
+    blocks = {name: [] for name in sides}
+    for i in range(args.steps):   # one step each in turn, from where the state stands (context 50 on)
+        for name in list(sides)[::1 if i % 2 else -1]:
+            turns[name] += run(name, 1, 1000 + i, i == 0)
+    for i in range(max(1, args.steps // 10)):   # blocks of 10 from context 50, each engine's in turn
+        for name in list(sides)[::1 if i % 2 else -1]:
+            blocks[name] += run(name, 10, 2000 + i, True)
+    for p in procs.values():
+        p.stdin.close()
+        p.wait()
+    vocab = f"{args.vocab}-row vocabulary" if args.vocab else "the model's vocabulary"
+    print(f"{args.beams}-beam step, 1 thread, {args.frames} frames, {vocab}, context {args.context} on; "
+          f"other: {args.engine}")
+    for label, runs in (("in turn", turns), ("back to back", blocks)):
+        ms = {name: np.array(t) * 1e3 for name, t in runs.items()}
+        print(f"{label:>12}: " + "; ".join(f"{name} best {m.min():.2f} ms, median {np.median(m):.2f} ms"
+                                           for name, m in ms.items())
+              + f"; this / other {np.median(ms['this']) / np.median(ms['other']):.2f}x (medians), "
+              f"{ms['this'].min() / ms['other'].min():.2f}x (bests) over {len(ms['this'])} steps")
+
+
 # ---------------------------------------------------------------- timing
 
 
@@ -239,6 +333,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=100, help="tokens of the timed transcription")
     ap.add_argument("--threads", default="1,2",
                     help="comma-separated engine thread counts (kernels.set_threads), taken in turn per step")
+    ap.add_argument("--engine", type=Path, help="time only the step, against this other checkout's (a git worktree)")
     args = ap.parse_args()
     settings = [int(t) for t in args.threads.split(",")]
 
@@ -246,6 +341,9 @@ def main() -> None:
     if path is None:
         from tests.harness.reference import build_model  # cached under tests/.cache/models
         path = build_model(args.shape).path
+    if args.engine is not None:
+        against(args, str(path))
+        return
     cact = CactFile(path)
     dec = Decoder(cact)
     head = widen_head(dec, cact, args.vocab) if args.vocab else cact.array("embedding")
