@@ -477,6 +477,27 @@ def test_the_decoder_benchmarks_numpy_twin_runs_on_the_engines_weights_and_agree
     assert np.isfinite(float(agree.group(1))) and 2 * int(agree.group(2)) > int(agree.group(3)), agree.group(0)
 
 
+def test_the_decoder_benchmark_times_another_checkouts_step_beside_this_ones():
+    """benchmarks/decoder.py --engine: both checkouts' children step the same beams and report their
+    times (here this checkout against itself, on the tiny shape)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "decoder.py"), "--shape", "tiny", "--vocab", "0",
+                          "--frames", "20", "--context", "6", "--steps", "10", "--engine", str(root)],
+                         capture_output=True, text=True, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for label in ("in turn", "back to back"):
+        line = re.search(rf"{label}: this best (\S+) ms, median \S+ ms; other best (\S+) ms, .*this / other (\S+)x "
+                         rf"\(medians\).* over (\d+) steps", run.stdout)
+        assert line, run.stdout[-2000:]
+        assert float(line.group(1)) > 0 and float(line.group(2)) > 0 and float(line.group(3)) > 0
+        assert int(line.group(4)) == 10
+
+
 def test_the_gate_benchmark_finds_every_stopped_clip_empty():
     """benchmarks/gate.py's own check of the gated clips' results (a result type that changed, say
     words from a list to a tuple, read as NOT EMPTY there while the gate worked)."""
