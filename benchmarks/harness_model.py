@@ -92,7 +92,12 @@ def shipped_size_embedding(dec, cact, vocab: int = SHIPPED_VOCAB, seed: int = 0)
     if isinstance(dec.embedding, np.ndarray):   # an engine before the input rows stayed packed
         dec.embedding = cq.dequantize()
         return cq
-    dec.embedding = packed
+    try:   # the input rows read packed as the engine reads them
+        from whistle_stream.decoder import _PackedRows
+    except ImportError:   # an engine that read them through PackedCQ.rows
+        dec.embedding = packed
+    else:
+        dec.embedding = _PackedRows(packed)
     return cq
 
 
