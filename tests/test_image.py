@@ -255,7 +255,12 @@ def test_compose_runs_replicas_behind_the_balancer_and_a_session_survives_a_kill
             except OSError:
                 time.sleep(0.5)
         else:
-            raise AssertionError("the balancer never answered /readyz")
+            logs = subprocess.run([*compose, "logs"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60)
+            ps = subprocess.run(["podman", "ps", "-a", "--filter", f"name=whistletest{os.getpid()}", "--format",
+                                 "{{.Names}} {{.Status}}"], capture_output=True, text=True, env=env, timeout=60)
+            raise AssertionError("the balancer never answered /readyz; the containers: " + ps.stdout + ps.stderr
+                                 + "; up said:\n" + up.stdout[-1500:] + up.stderr[-1500:]
+                                 + "\nthe containers said:\n" + (logs.stdout + logs.stderr)[-3000:])
         time.sleep(3)   # both replicas up in HAProxy's checks (rise 2, every 2 s)
 
         def serving() -> str | None:
