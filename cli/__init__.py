@@ -265,11 +265,17 @@ def _warm(args: argparse.Namespace) -> None:
     if not args.all_tiers:
         from whistle_stream import Whistle
 
-        seconds = Whistle(args.model).warmup()
-        print(f"warm: {_target.chosen() or 'host CPU'} in {seconds:.1f} s")
+        model = Whistle(args.model)
+        seconds = model.warmup()
+        print(f"warm: {model.kernel_path()} in {seconds:.1f} s")
         return
-    runnable = list(_target.TIERS)[list(_target.TIERS).index(_target.host_tier()):]
-    for tier in _target.TIERS:
+    tiers = [t.name for t in _target.tiers_of()]
+    host = _target.host_tier()
+    if host is None:
+        raise _Failed(f"no CPU tier covers this machine ({_target.machine()}): "
+                      "run `whistle-stream warm` for the host CPU instead")
+    runnable = tiers[tiers.index(host):]
+    for tier in tiers:
         if tier not in runnable:
             print(f"warm: {tier} skipped: this CPU cannot run it (build on a CPU of that tier to ship it)")
             continue

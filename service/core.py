@@ -31,7 +31,7 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-from whistle_stream.results import StreamUpdate
+from whistle_stream.results import KernelPath, StreamUpdate
 
 from . import protocol as P
 from . import resume as R
@@ -72,6 +72,7 @@ class Engine(Protocol):
     def restore_stream(self, state: dict, keywords=None) -> EngineStream: ...
     def is_speech(self, pcm: np.ndarray) -> bool: ...
     def warmup(self) -> float: ...
+    def kernel_path(self) -> KernelPath: ...
 
 
 class Observer(Protocol):

@@ -138,6 +138,7 @@ class App:
         self.collector = asyncio.get_running_loop().create_task(self._collect_garbage())
         self.ready = True
         log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
+                  kernels=str(self.model.kernel_path()),
                   workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1,
                   languages=list(self.model.dims.languages))
         host = self.config.host if self.config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"

@@ -35,7 +35,7 @@ import numpy as np
 from whistle_stream import allocator
 from whistle_stream.errors import WhistleError
 from whistle_stream.models import ModelFile
-from whistle_stream.results import StreamUpdate
+from whistle_stream.results import KernelPath, StreamUpdate
 from whistle_stream.streaming import StreamSession
 
 
@@ -125,7 +125,7 @@ def _serve(conn, path: str, audio_depth: int | None, initializer, initargs) -> N
                     checkpoint = streams[sid].checkpoint()
             elif op == "streams":
                 value = len(streams)
-            elif op in ("transcribe", "warmup"):
+            elif op in ("transcribe", "warmup", "kernel_path"):
                 value = getattr(model, op)(*args, **kwargs)
             elif op == "stop":
                 conn.send((True, None, 0, None))
@@ -323,6 +323,10 @@ class ProcessEngine(ModelFile):
     def open_streams(self) -> list[int]:
         """The streams each worker holds now (after dropping those let go here)."""
         return [w.call("streams", 0)[0] for w in self.workers]
+
+    def kernel_path(self) -> KernelPath:
+        """The kernels' path in the workers (one asked: they share the host and the environment)."""
+        return self.workers[0].call("kernel_path", 0)[0]
 
     def warmup(self) -> float:
         """Every worker loads and compiles at once; returns the slowest one's seconds."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from whistle_stream.results import StreamUpdate, stream_update
+from whistle_stream.results import KernelPath, StreamUpdate, stream_update
 
 VOCABULARY = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
               "juliett", "kilo", "lima", "mike", "november", "oscar", "papa")
@@ -138,6 +138,9 @@ class FakeWhistle:
 
     def warmup(self) -> float:
         return 0.0
+
+    def kernel_path(self) -> KernelPath:
+        return KernelPath("x86_64", None, "fake", False, False)
 
     def restore_stream(self, state: dict, keywords=None) -> FakeStream:
         if state.get("fake") != 1:

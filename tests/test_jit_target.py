@@ -19,19 +19,110 @@ AVX512 = {f: True for f in ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx5
 AVX2 = {f: True for f in ("avx2", "fma", "bmi2", "f16c", "movbe")}
 
 
-@pytest.mark.parametrize("features, tier", [(AVX512, "x86-64-v4"), (AVX2, "x86-64-v3"),
+VNNI = {**AVX512, "avx512vnni": True}
+# What LLVM reports on a Raspberry Pi 5 (Cortex-A76) and a Pi 4 (Cortex-A72): ARM's names only
+PI5 = {f: True for f in ("neon", "fp-armv8", "crc", "crypto", "dotprod", "fullfp16", "lse", "rcpc", "rdm")}
+PI4 = {f: True for f in ("neon", "fp-armv8", "crc")}
+
+
+@pytest.mark.parametrize("features, tier", [(VNNI, "x86-64-v4-vnni"), (AVX512, "x86-64-v4"), (AVX2, "x86-64-v3"),
                                             ({**AVX2, "fma": False}, "x86-64"), ({}, "x86-64"),
-                                            ({**AVX512, "avx512vl": False}, "x86-64-v3")])
+                                            ({**AVX512, "avx512vl": False}, "x86-64-v3"),
+                                            ({**VNNI, "avx512vl": False}, "x86-64-v3")])
 def test_a_host_gets_the_highest_tier_whose_features_it_has(features, tier):
-    assert _target.host_tier(features) == tier
+    assert _target.host_tier(features, "x86_64") == tier
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "arm64", "ARM64"])
+@pytest.mark.parametrize("features", [PI5, PI4, {}])
+def test_an_arm_host_gets_the_armv8_tier_never_an_x86_name(machine, features):
+    name = _target.host_tier(features, machine)
+    tier = _target.TIERS[name]
+    assert (name, tier.machine, tier.cpu, tier.features) == ("armv8-a", "aarch64", "generic", "")
+    assert (tier.simd, tier.integer) == ("generic", None)   # no x86 intrinsic, the float products
+    assert _target.chosen("portable", machine) == "armv8-a"
+    assert [t.name for t in _target.tiers_of(machine)] == ["armv8-a"]
+
+
+def test_a_machine_no_tier_covers_compiles_for_its_host():
+    assert _target.host_tier({"altivec": True}, "ppc64le") is None
+    assert _target.chosen("portable", "ppc64le") is None
 
 
 def test_the_setting_names_a_tier_the_host_or_portable():
     assert _target.chosen("") is None and _target.chosen("host") is None
     assert _target.chosen("portable") == _target.host_tier()
-    assert _target.chosen("x86-64-v3") == "x86-64-v3"
+    assert _target.chosen("x86-64-v3", "x86_64") == "x86-64-v3"
+    assert _target.chosen("armv8-a", "aarch64") == "armv8-a"
     with pytest.raises(ValueError, match="WHISTLE_JIT_TARGET must be 'host', 'portable' or one of x86-64-v4"):
         _target.chosen("skylake")
+
+
+def test_a_tier_of_another_machine_is_refused_by_name():
+    with pytest.raises(ValueError, match="WHISTLE_JIT_TARGET=armv8-a is a tier of aarch64, and this machine is "
+                                         "x86_64: its tiers are x86-64-v4-vnni, x86-64-v4, x86-64-v3, x86-64"):
+        _target.chosen("armv8-a", "x86_64")
+    with pytest.raises(ValueError, match="x86-64-v3 is a tier of x86_64, and this machine is aarch64: its tiers are armv8-a"):
+        _target.chosen("x86-64-v3", "aarch64")
+
+
+def _on_arm(monkeypatch, features):
+    """This process as a 64-bit ARM host with `features` would see it (platform and LLVM)."""
+    import platform
+
+    import llvmlite.binding as llvm_binding
+    from numba import config
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(llvm_binding, "get_host_cpu_features", lambda: dict(features))
+    monkeypatch.setattr(config, "CPU_NAME", None)
+    monkeypatch.setattr(config, "CPU_FEATURES", None)
+
+
+@pytest.mark.parametrize("setting", ["portable", "armv8-a"])
+def test_on_an_arm_host_the_tier_compiles_the_generic_simd_path_and_the_float_products(monkeypatch, setting):
+    """The image's setting on a Raspberry Pi: Numba gets the ARM baseline CPU (never an x86 name),
+    the 5-row kernels the portable vector IR, the products their float path."""
+    from numba import config
+
+    from whistle_stream.kernels import integer, simd
+
+    _on_arm(monkeypatch, PI5)
+    monkeypatch.setenv(_target.ENV, setting)
+    monkeypatch.delenv("WHISTLE_SIMD", raising=False)
+    assert _target.configure() == "armv8-a"
+    assert (config.CPU_NAME, config.CPU_FEATURES) == ("generic", "")
+    assert _target.compiled_tier() is _target.TIERS["armv8-a"] and _target.simd_path() == "generic"
+    monkeypatch.setattr(simd, "PATH", simd._choose_path())
+    assert simd.PATH == "generic" and integer._path() is None
+
+
+def test_on_an_arm_host_the_host_cpu_takes_the_generic_simd_path_and_the_float_products(monkeypatch):
+    from whistle_stream.kernels import integer, simd
+
+    _on_arm(monkeypatch, PI4)
+    monkeypatch.delenv(_target.ENV, raising=False)
+    monkeypatch.delenv("WHISTLE_SIMD", raising=False)
+    assert _target.configure() is None and _target.compiled_tier() is None
+    monkeypatch.setattr(simd, "PATH", simd._choose_path())
+    assert simd.PATH == "generic" and integer._path() is None
+
+
+def test_the_vnni_tier_compiles_the_vnni_products_and_the_avx512_tier_the_avx2_ones(monkeypatch):
+    """The image on an AVX-512 VNNI host runs the decoder's integer products (x86-64-v4-vnni); on
+    AVX-512 without VNNI the encoder's AVX2-path ones; each a tier of its own cache key."""
+    from numba import config
+
+    from whistle_stream.kernels import integer, simd
+
+    monkeypatch.delenv("WHISTLE_SIMD", raising=False)
+    for name, want in (("x86-64-v4-vnni", "vnni"), ("x86-64-v4", "avx2"), ("x86-64-v3", "avx2"), ("x86-64", None)):
+        tier = _target.TIERS[name]
+        monkeypatch.setattr(config, "CPU_NAME", tier.cpu)
+        monkeypatch.setattr(config, "CPU_FEATURES", tier.features)
+        assert _target.compiled_tier() is tier
+        monkeypatch.setattr(simd, "PATH", simd._choose_path())
+        assert (simd.PATH, integer._path()) == (tier.simd, want), name
 
 
 def test_an_unknown_setting_is_reported_and_the_host_cpu_used(monkeypatch):

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from . import kernels as K
+from .results import KernelPath
 from .kernels import integer as KI
 from .kernels.decoder import HadamardMlp, _hadamard_residual, _packed_rows
 from .kernels.simd import PACKED_BITS, interleave
@@ -388,12 +389,27 @@ def integer_product(x: np.ndarray, group: int, k_pad: int, w: "KI.IntegerMatrix"
     return out if out.shape[1] == columns else np.ascontiguousarray(out[:, :columns])
 
 
+def integer_products_run(decoder: bool = False) -> bool:
+    """Whether the encoder's (many-row) products, or with `decoder` the decoder's (few-row) ones,
+    take the integer products here: on (`kernels.INTEGER_PRODUCTS`), and the decoder's on the VNNI
+    path only (`integer.VNNI`; the AVX2 path has no in-register code expansion)."""
+    return bool(K.INTEGER_PRODUCTS and (KI.VNNI if decoder else KI.AVAILABLE))
+
+
+def kernel_path() -> KernelPath:
+    """The path the kernels take here (for the logs, `warm`, and the tests that depend on it)."""
+    from .kernels import _target, simd
+    tier = _target.compiled_tier()
+    return KernelPath(_target.machine(), tier and tier.name, simd.PATH,
+                      integer_products_run(False), integer_products_run(True))
+
+
 def integer_form(cqs, decoder: bool = False) -> "KI.IntegerMatrix | None":
     """Stacked CQ matrices' integer form where the integer products run here
     (`kernels.INTEGER_PRODUCTS`) and the matrices fit them (`integer_matrix`: near the codebook,
     or with `decoder` near `decoder_levels`, the levels the decoder's float products take), else
     None. The decoder's (few rows, `decoder`) on the VNNI path only (`integer.VNNI`)."""
-    if not (K.INTEGER_PRODUCTS and (KI.VNNI if decoder else KI.AVAILABLE)):
+    if not integer_products_run(decoder):
         return None
     first = cqs[0]
     return integer_matrix(cqs, levels=decoder_levels(first.codebook, first.bits) if decoder else None)

@@ -136,3 +136,21 @@ def stream_update(text: str = "", words=(), pending: str = "", language: str = "
                   pass_ms: float = 0.0, revision: int = 0) -> StreamUpdate:
     """A StreamUpdate from plain values (words as Words or dicts)."""
     return StreamUpdate(text, _words(words), pending, language, float(received), float(pass_ms), int(revision))
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """What the kernels run as in this process: the tier compiled for (None: the host CPU), the
+    5-row products' simd path, and whether the encoder's and the decoder's products are integer."""
+
+    machine: str
+    tier: str | None
+    simd: str
+    integer_encoder: bool
+    integer_decoder: bool
+
+    def __str__(self) -> str:
+        where = {(True, True): "encoder and decoder", (True, False): "encoder"}.get(
+            (self.integer_encoder, self.integer_decoder), "none")
+        return (f"{self.machine} {self.tier or 'host CPU'}, simd {self.simd}, "
+                f"integer products: {where}")

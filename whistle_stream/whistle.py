@@ -23,7 +23,8 @@ from .encoder import Encoder
 from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
 from .models import ModelFile
-from .results import Decoding, Transcription, Word
+from .blocks import kernel_path
+from .results import Decoding, KernelPath, Transcription, Word
 from .rules import BEAMS, READ_BY, WINDOW_S
 from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import PassMemo, StreamSession, sound_span
@@ -393,6 +394,10 @@ class Whistle(ModelFile):
     def stream(self, chunks, language: str | None = None, keywords=None, step_s: float = 1.0):
         """Generator: one StreamUpdate per chunk of audio, then finish()'s (like needle.Whistle.stream)."""
         return stream_updates(self, chunks, language=language, keywords=keywords, step_s=step_s)
+
+    def kernel_path(self) -> KernelPath:
+        """The path the kernels take in this process: tier, simd path, integer products."""
+        return kernel_path()
 
     def warmup(self) -> float:
         """Compile/load every kernel on a short synthetic clip; returns the seconds it took."""

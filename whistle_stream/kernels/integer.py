@@ -23,8 +23,8 @@ row's tile (`_tile`: MR rows x NR column blocks in registers) reads it; for a fe
 step) `_tile_codes` expands them in registers as it goes.
 
 Two paths (`PATH`), chosen when the kernels compile:
-- "vnni": CPUs with avx512vnni (and avx512bw's vpermw), the kernels compiled for the host. Every
-  product, the decoder's few rows included (`_tile_codes`).
+- "vnni": CPUs with avx512vnni (and avx512bw's vpermw), the kernels compiled for the host or the
+  x86-64-v4-vnni tier (`_target`). Every product, the decoder's few rows included (`_tile_codes`).
 - "avx2": CPUs with AVX2 but not those, and the x86-64-v3 and -v4 tiers' caches (`_target`).
   vpmaddwd (int16 pairs into int32 lanes, 16 multiply-adds per instruction) and vpaddd take
   vpdpwssd's place, a column block as two 8-lane halves; `_expand` looks the levels up with a
@@ -85,14 +85,17 @@ PATHS = ("vnni", "avx2")
 
 
 def _path() -> str | None:
-    """The integer products' path: "vnni" where the host has AVX-512 VNNI, the kernels compile for
-    the host and the simd path is AVX-512's; "avx2" where the simd path has AVX2's instructions
-    (the host's, or a tier's: x86-64-v3, -v4) but not those; else None (the float products).
+    """The integer products' path: "vnni" where the host (or the tier compiled for) has AVX-512 VNNI
+    and the simd path is AVX-512's; "avx2" where the simd path has AVX2's instructions (the host's,
+    or a tier's: x86-64-v3, -v4) but not those; else None (the float products, and every ARM tier).
     WHISTLE_SIMD=avx2 takes the AVX2 path on any host that has it, =generic neither."""
     if simd.PATH not in ("avx512", "avx2"):
         return None
     if config.CPU_NAME or config.CPU_FEATURES:   # a tier's cache: its own instructions only
-        return "avx2" if _target.simd_path() in ("avx512", "avx2") else None
+        tier = _target.compiled_tier()
+        if tier is None or tier.integer is None:
+            return None
+        return tier.integer if simd.PATH == "avx512" else "avx2"
     have = llvm_binding.get_host_cpu_features()
     if simd.PATH == "avx512" and all(have.get(f) for f in ("avx512f", "avx512bw", "avx512vnni")):
         return "vnni"

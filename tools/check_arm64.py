@@ -1,0 +1,91 @@
+"""The engine on 64-bit ARM against x86: what `tools/check_arm64.sh` runs on each side.
+
+    python tools/check_arm64.py make DIR      # on x86: held clips, a stream, and their x86 text
+    python tools/check_arm64.py compare DIR   # on arm64 (under qemu): the same, checked word for word
+
+`make` writes DIR/clips.npz (5 held-out demo clips, `demo_data.test_items`, and a stream of held
+sentences with pauses, `benchmarks/streaming.py`'s) and DIR/x86.json: the demo model's transcript
+of each clip (5 beams, the default) and the text a stream commits, fed in 100 ms chunks.
+`compare` computes the same on this machine, prints each pair and the kernels' path, and exits 1
+unless every one is equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIPS = 5
+SEED = 7          # which held-out clips (demo_data.test_items' seed)
+CHUNK_S = 0.1     # what a microphone client sends at a time
+
+
+def readings(audio: dict[str, np.ndarray]) -> dict:
+    """{"clips": [text per clip], "stream": committed text, "kernels": the path}: this machine's."""
+    from whistle_stream import Whistle
+
+    model = Whistle()
+    texts = [model.transcribe(audio[f"clip{i}"]).text for i in range(CLIPS)]
+    stream, pcm = model.open_stream(), audio["stream"]
+    step = int(CHUNK_S * model.dims.rate)
+    pieces = [stream.feed(pcm[i:i + step]).text for i in range(0, len(pcm), step)]
+    pieces.append(stream.finish().text)
+    return {"clips": texts, "stream": "".join(pieces), "kernels": str(model.kernel_path()),
+            "machine": platform.machine()}
+
+
+def make(folder: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import demo_data
+    from harness.audio import demo_stream
+
+    items = demo_data.test_items(CLIPS, SEED)
+    audio = {f"clip{i}": demo_data.make_clip(it["text"], it["voice"], it["seed"]) for i, it in enumerate(items)}
+    audio["stream"], said = demo_stream(3, seed=SEED)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "clips.npz", **audio)
+    got = readings(audio)
+    got["said"] = [it["text"] for it in items] + [said]
+    (folder / "x86.json").write_text(json.dumps(got, indent=1))
+    print(f"x86 ({got['kernels']}): {CLIPS} clips and a stream of {len(audio['stream']) / 16000:.1f} s")
+
+
+def compare(folder: Path) -> int:
+    want = json.loads((folder / "x86.json").read_text())
+    with np.load(folder / "clips.npz") as saved:
+        audio = {name: saved[name] for name in saved.files}
+    t0 = time.perf_counter()
+    got = readings(audio)
+    print(f"arm64 ({got['kernels']}, {got['machine']}): read in {time.perf_counter() - t0:.0f} s")
+    same = 0
+    for i, (a, b) in enumerate(zip(got["clips"], want["clips"])):
+        same += a == b
+        print(f"clip {i}: {'same' if a == b else 'DIFFERENT'}\n  arm64: {a}\n  x86:   {b}")
+    stream_same = got["stream"] == want["stream"]
+    print(f"stream: {'same' if stream_same else 'DIFFERENT'}\n  arm64: {got['stream']}\n  x86:   {want['stream']}")
+    print(f"transcripts equal to x86's: {same} of {CLIPS}; stream's committed text equal: {stream_same}")
+    return 0 if same == CLIPS and stream_same else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("make", "compare"))
+    ap.add_argument("folder", type=Path)
+    args = ap.parse_args()
+    if args.mode == "make":
+        make(args.folder)
+        return 0
+    return compare(args.folder)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
