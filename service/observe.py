@@ -39,8 +39,9 @@ _SENTENCES = {
     "wyoming_listening": lambda f: f"Wyoming (Home Assistant) on tcp://{f['host']}:{f['port']}",
     "compiling": lambda f: (f"still compiling the engine's kernels: {f['elapsed_s']} s" if "elapsed_s" in f else
                             "compiling the engine's kernels for this CPU: a first start takes about a minute, "
-                            "later starts take seconds"),
-    "ready": lambda f: f"ready in {f['warm_s']:.1f} s: model {f['model']} ({', '.join(f['languages'])})",
+                            f"later starts load them from {f.get('cache', 'the cache')} and take seconds"),
+    "ready": lambda f: (f"ready in {f['warm_s']:.1f} s: model {f['model']} ({', '.join(f['languages'])}); "
+                        f"kernels: {f.get('kernels', '?')}"),
     "open": lambda f: f"open {f['page']} for live captions; WebSocket {f['websocket']}",
     "model_note": lambda f: f"note: {f['note']}",
     "signal": lambda f: f"{f['signal']}: finishing open sessions, then exiting",

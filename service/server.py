@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -273,7 +274,9 @@ def _say_compiling(done: threading.Event) -> None:
     t0 = time.perf_counter()
     if done.wait(COMPILE_NOTICE_S):
         return
-    log_event("compiling")
+    # the folder the kernels compile into (the image's NUMBA_CACHE_DIR: a volume keeps them)
+    cache = os.environ.get("NUMBA_CACHE_DIR") or "the package's __pycache__"
+    log_event("compiling", cache=cache)
     while not done.wait(COMPILE_TICK_S):
         log_event("compiling", elapsed_s=round(time.perf_counter() - t0))
 

@@ -4,7 +4,7 @@
     python tools/check_arm64.py compare DIR   # on arm64 (under qemu): the same, checked word for word
 
 `make` writes DIR/clips.npz (5 held-out demo clips, `demo_data.test_items`, and a stream of held
-sentences with pauses, `benchmarks/streaming.py`'s) and DIR/x86.json: the demo model's transcript
+sentences with pauses, `benchmarks/streaming.py`'s), the stream as DIR/stream.wav, and DIR/x86.json: the demo model's transcript
 of each clip (5 beams, the default) and the text a stream commits, fed in 100 ms chunks.
 `compare` computes the same on this machine, prints each pair and the kernels' path, and exits 1
 unless every one is equal.
@@ -17,6 +17,7 @@ import json
 import platform
 import sys
 import time
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,11 @@ def make(folder: Path) -> None:
     audio["stream"], said = demo_stream(3, seed=SEED)
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "clips.npz", **audio)
+    with wave.open(str(folder / "stream.wav"), "wb") as w:   # for `whistle-listen --local --file`
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(audio["stream"], -1, 1) * 32767).astype("<i2").tobytes())
     got = readings(audio)
     got["said"] = [it["text"] for it in items] + [said]
     (folder / "x86.json").write_text(json.dumps(got, indent=1))

@@ -74,13 +74,24 @@ in_arm python3 -c 'import platform, numba; print("arm64 python:", platform.machi
 
 step "x86: the held clips, a stream, and their text"
 CLIPS=$(mktemp -d)
-python3 -c 'import whistle_stream' 2>/dev/null && PY=python3 || PY=.venv/bin/python
+if [ -x .venv/bin/python ]; then PY=.venv/bin/python LISTEN=.venv/bin/whistle-listen; else PY=python3 LISTEN=whistle-listen; fi
 "$PY" tools/check_arm64.py make "$CLIPS"
+"$LISTEN" --local --file "$CLIPS/stream.wav" --speed 50 >"$CLIPS/x86-listen.txt"
 mkdir -p "$ROOT/work/clips" && cp "$CLIPS"/* "$ROOT/work/clips/" && rm -rf "$CLIPS"
 
 step "arm64: the same clips and stream (the first run compiles every kernel under emulation)"
 status=0
 in_arm /opt/venv/bin/python /work/src/tools/check_arm64.py compare /work/clips || status=1
+
+step "arm64: whistle-stream warm, and whistle-listen --local on the stream against x86's"
+in_arm /opt/venv/bin/whistle-stream warm || status=1
+in_arm /opt/venv/bin/whistle-listen --local --file /work/clips/stream.wav --speed 50 >"$ROOT/work/clips/arm64-listen.txt" || status=1
+if cmp -s "$ROOT/work/clips/arm64-listen.txt" "$ROOT/work/clips/x86-listen.txt"; then
+    echo "whistle-listen --local: the same lines as x86's ($(wc -l <"$ROOT/work/clips/x86-listen.txt"))"
+else
+    echo "whistle-listen --local: DIFFERENT"; diff "$ROOT/work/clips/arm64-listen.txt" "$ROOT/work/clips/x86-listen.txt" || true
+    status=1
+fi
 
 step "arm64: the kernels' twin tests (${TWINS[*]}, -m '$TWIN_MARKS' -k '$TWIN_NAMES')"
 in_arm /bin/sh -c "cd /work/src && python -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
