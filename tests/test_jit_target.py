@@ -215,3 +215,53 @@ def test_the_avx2_integer_products_pass_the_integer_product_tests(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert "skipped" not in summary and int(summary.split()[0]) >= 20, summary
+
+
+
+# A child process: the demo model's warm-up, a transcription and a stream (every kernel a session
+# runs), then the LLVM IR of every kernel it compiled, searched for x86 intrinsics.
+_IR_PROBE = r"""
+import importlib, json, pkgutil
+import numpy as np
+from numba.core.registry import CPUDispatcher
+from whistle_stream import Whistle, kernels
+from whistle_stream.blocks import kernel_path
+model = Whistle()
+model.warmup()
+t = np.arange(32000) / 16000
+model.transcribe((0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
+stream = model.open_stream()
+stream.feed(np.zeros(16000, np.float32)); stream.finish()
+found, kernels_seen = {}, 0
+for info in pkgutil.iter_modules(kernels.__path__, "whistle_stream.kernels."):
+    module = importlib.import_module(info.name)
+    for name, obj in vars(module).items():
+        if isinstance(obj, CPUDispatcher) and obj.__module__ == module.__name__:
+            for sig in obj.signatures:
+                kernels_seen += 1
+                ir = obj.inspect_llvm(sig)
+                # Numba's own reference counts use the triple's atomics (llvm.x86.atomic.*, on
+                # AArch64 its own): only the instructions our kernels ask for are the code's
+                hits = sorted({line.split("@")[1].split("(")[0] for line in ir.splitlines()
+                               if line.startswith("declare") and "@llvm.x86." in line
+                               and "@llvm.x86.atomic." not in line})
+                if hits:
+                    found[f"{module.__name__}.{name}"] = hits
+print(json.dumps({"path": str(kernel_path()), "kernels": kernels_seen, "x86": found}))
+"""
+
+
+@pytest.mark.slow
+def test_the_code_arm_runs_declares_no_x86_intrinsic(tmp_path):
+    """What an ARM tier compiles (the generic simd path, the float products), compiled here as the
+    baseline x86-64 tier takes the same paths: every kernel a session runs, none of them declaring
+    an x86 intrinsic, which LLVM cannot lower for AArch64. (tools/check_arm64.sh runs it on arm64.)"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), _target.ENV: "x86-64"}
+    for name in ("WHISTLE_SIMD", "WHISTLE_INTEGER"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", _IR_PROBE], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    arm = _target.TIERS["armv8-a"]
+    assert got["path"] == f"x86_64 x86-64, simd {arm.simd}, integer products: none"
+    assert got["kernels"] > 20 and got["x86"] == {}, got
