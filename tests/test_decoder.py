@@ -684,6 +684,28 @@ def test_ladder_depth_4_runs_layers_0_3_5_7_and_matches_sliced_reference(referen
     _check_parity(reference, full_model, depth=4, ref_model=rung, master=False)
 
 
+AVX2_TIER = "x86-64-v3"
+
+
+@pytest.mark.slow
+def test_an_avx2_host_keeps_the_decoders_parity(reference, full_model, tmp_path):
+    """The parity tests above, run again in a child process as an AVX2-only host runs them (the
+    x86-64-v3 tier's code: the AVX2 simd and integer paths, the decoder's float products), so a
+    CI machine with AVX-512 checks the path most users' PCs take. An AVX2-only host runs that
+    path in the suite itself."""
+    from whistle_stream.kernels import _target
+
+    if _target.host_tier() == AVX2_TIER or AVX2_TIER not in [t.name for t in _target.tiers_of()]:
+        pytest.skip(f"this host runs the {AVX2_TIER} path in the suite itself, or cannot run it")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), _target.ENV: AVX2_TIER, "OPENBLAS_CORETYPE": "Haswell"}
+    for name in ("WHISTLE_SIMD", "WHISTLE_INTEGER"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "match_reference or ladder_depth or integer_products_keep"],
+                          env=env, capture_output=True, text=True, timeout=1800, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
 def test_a_large_embedding_stays_packed_and_decodes_as_the_dense_table_does(full_model):
     """The full architecture's embedding (over DENSE_EMBEDDING_BYTES) stays packed, its rows
     dequantised per step; the logits equal, bit for bit, those read from the dense table."""

@@ -265,3 +265,29 @@ def test_the_code_arm_runs_declares_no_x86_intrinsic(tmp_path):
     arm = _target.TIERS["armv8-a"]
     assert got["path"] == f"x86_64 x86-64, simd {arm.simd}, integer products: none"
     assert got["kernels"] > 20 and got["x86"] == {}, got
+
+
+@pytest.mark.parametrize("machine, features, ran, skipped", [
+    ("x86_64", AVX2, ["x86-64-v3", "x86-64"], ["x86-64-v4-vnni", "x86-64-v4"]),
+    ("x86_64", VNNI, ["x86-64-v4-vnni", "x86-64-v4", "x86-64-v3", "x86-64"], []),
+    ("aarch64", PI5, ["armv8-a"], [])])
+def test_warm_all_tiers_compiles_each_tier_of_the_machine_it_can_run(monkeypatch, capsys, machine, features, ran,
+                                                                    skipped):
+    """What the image's build runs: a child process per tier of the build machine's architecture
+    that it can run, and a line for each tier above it (an arm64 build never names an x86 tier)."""
+    import argparse
+    import platform
+
+    import llvmlite.binding as llvm_binding
+
+    from whistle_stream import cli
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(llvm_binding, "get_host_cpu_features", lambda: dict(features))
+    children = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env: children.append(env[_target.ENV]) or
+                        subprocess.CompletedProcess(cmd, 0))
+    cli._warm(argparse.Namespace(all_tiers=True, model=None))
+    out = capsys.readouterr().out
+    assert children == ran
+    assert [line.split()[1] for line in out.splitlines() if "skipped" in line] == skipped
