@@ -84,7 +84,7 @@ class Container:
     """`podman run -d` of the image with WHISTLE_* settings; `ready_s`: from the run command to
     /readyz answering 200."""
 
-    def __init__(self, *run_args: str, env: dict | None = None):
+    def __init__(self, *run_args: str, env: dict | None = None, ready_timeout: float = 180):
         self.port = free_port()
         self.name = f"whistle-test-{os.getpid()}-{self.port}"
         settings = {"WHISTLE_PORT": str(self.port), "WHISTLE_PROCESSES": "1", "WHISTLE_HOST": "127.0.0.1",
@@ -92,7 +92,7 @@ class Container:
         flags = [x for k, v in settings.items() for x in ("-e", f"{k}={v}")]
         t0 = time.monotonic()
         podman("run", "-d", "--name", self.name, *flags, *run_args, IMAGE)
-        self.ready_s = self._wait_ready(t0)
+        self.ready_s = self._wait_ready(t0, ready_timeout)
 
     @property
     def url(self) -> str:
@@ -186,6 +186,34 @@ def test_the_image_keeps_its_health_check_and_podman_reports_it_healthy(image):
     finally:
         box.remove()
     assert ran.returncode == 0 and status == "healthy", (ran.stdout, ran.stderr, status)
+
+
+def test_a_tier_the_image_lacks_compiles_once_into_a_volume_and_says_so(image):
+    """A host whose tier the build machine could not warm (a VNNI host under an image built on
+    AVX2) compiles its kernels at its first start: the log says so and names the folder; with a
+    volume there, the next container loads them. Forced here with the host CPU's own target,
+    which no image ships."""
+    volume = f"whistle-jit-test-{os.getpid()}"
+    podman("volume", "create", volume)
+    try:
+        first = Container("-v", f"{volume}:/var/cache/whistle/numba", env={"WHISTLE_JIT_TARGET": "host"},
+                          ready_timeout=900)   # every kernel compiles: about a minute on an idle machine
+        try:
+            compiling = [e for e in first.events() if e.get("event") == "compiling"]
+            ready = next(e for e in first.events() if e.get("event") == "ready")
+        finally:
+            first.remove()
+        second = Container("-v", f"{volume}:/var/cache/whistle/numba", env={"WHISTLE_JIT_TARGET": "host"})
+        try:
+            again = [e for e in second.events() if e.get("event") == "compiling"]
+        finally:
+            second.remove()
+    finally:
+        podman("volume", "rm", "-f", volume, check=False)
+    print(f"\nfirst start, compiling: {first.ready_s:.1f} s; second, from the volume: {second.ready_s:.1f} s")
+    assert compiling and compiling[0]["cache"] == "/var/cache/whistle/numba", first.events()[:5]
+    assert ready["kernels"] == _host_path("host")
+    assert not again and second.ready_s < first.ready_s
 
 
 def test_sigterm_answers_the_open_session_then_the_container_exits_0(image, clip):

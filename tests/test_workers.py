@@ -55,6 +55,12 @@ def test_a_stream_in_a_worker_gives_exactly_what_it_gives_here(model, engine, sp
     assert any(d["words"] for d in here)
 
 
+def test_the_workers_report_the_kernels_path_they_run(model, engine):
+    """The server's ready line names the workers' path: theirs, asked of them, as a typed record."""
+    assert engine.kernel_path() == model.kernel_path()
+    assert engine.kernel_path().simd in ("avx512", "avx2", "generic")
+
+
 def test_a_checkpoint_restores_in_every_worker(model, engine, speech):
     local = model.open_stream()
     for i in range(0, 4 * RATE, RATE):
