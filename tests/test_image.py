@@ -213,7 +213,9 @@ def test_a_tier_the_image_lacks_compiles_once_into_a_volume_and_says_so(image):
     print(f"\nfirst start, compiling: {first.ready_s:.1f} s; second, from the volume: {second.ready_s:.1f} s")
     assert compiling and compiling[0]["cache"] == "/var/cache/whistle/numba", first.events()[:5]
     assert ready["kernels"] == _host_path("host")
-    assert not again and second.ready_s < first.ready_s
+    # loading is seconds, compiling every kernel a minute or more (the compiling notice may still
+    # show on a loaded machine: it comes after 3 s of warm-up, whatever the warm-up does)
+    assert second.ready_s < first.ready_s / 3, (first.ready_s, second.ready_s, again)
 
 
 def test_sigterm_answers_the_open_session_then_the_container_exits_0(image, clip):

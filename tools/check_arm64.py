@@ -6,8 +6,11 @@
 `make` writes DIR/clips.npz (5 held-out demo clips, `demo_data.test_items`, and a stream of held
 sentences with pauses, `benchmarks/streaming.py`'s), the stream as DIR/stream.wav, and DIR/x86.json: the demo model's transcript
 of each clip (5 beams, the default) and the text a stream commits, fed in 100 ms chunks.
-`compare` computes the same on this machine, prints each pair and the kernels' path, and exits 1
-unless every one is equal.
+It also writes the readings x86 gives each clip under float noise (TIE_NOISE). `compare`
+computes the same on this machine and prints each pair and the kernels' path. A clip read
+otherwise than x86 reads it is a float tie when x86 gives that reading too under noise; it exits 1
+if any clip differs otherwise, if fewer than 5 clips are word for word x86's, or if the stream's
+committed text differs.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-CLIPS = 5
+CLIPS = 8
 SEED = 7          # which held-out clips (demo_data.test_items' seed)
 CHUNK_S = 0.1     # what a microphone client sends at a time
+# x86's readings of each clip under float noise: relative perturbations of the samples far below
+# anything audible, in seeded draws. A clip x86 itself reads two ways under them is a near tie,
+# which another CPU's float sums (NEON lanes, its BLAS kernels, libm) may tip either way.
+TIE_NOISE, TIE_DRAWS = 1e-6, 8
 
 
 def readings(audio: dict[str, np.ndarray]) -> dict:
@@ -40,6 +47,19 @@ def readings(audio: dict[str, np.ndarray]) -> dict:
     pieces.append(stream.finish().text)
     return {"clips": texts, "stream": "".join(pieces), "kernels": str(model.kernel_path()),
             "machine": platform.machine()}
+
+
+def noise_readings(audio: dict[str, np.ndarray]) -> list[list[str]]:
+    """Per clip, the distinct texts this machine reads under TIE_NOISE in TIE_DRAWS seeded draws."""
+    from whistle_stream import Whistle
+
+    model, rng = Whistle(), np.random.default_rng(0)
+    out = []
+    for i in range(CLIPS):
+        a = audio[f"clip{i}"]
+        out.append(sorted({model.transcribe((a * (1 + TIE_NOISE * rng.standard_normal(a.shape))).astype(np.float32)).text
+                           for _ in range(TIE_DRAWS)}))
+    return out
 
 
 def make(folder: Path) -> None:
@@ -61,6 +81,7 @@ def make(folder: Path) -> None:
         w.writeframes((np.clip(audio["stream"], -1, 1) * 32767).astype("<i2").tobytes())
     got = readings(audio)
     got["said"] = [it["text"] for it in items] + [said]
+    got["ties"] = noise_readings(audio)
     (folder / "x86.json").write_text(json.dumps(got, indent=1))
     print(f"x86 ({got['kernels']}): {CLIPS} clips and a stream of {len(audio['stream']) / 16000:.1f} s")
 
@@ -72,14 +93,17 @@ def compare(folder: Path) -> int:
     t0 = time.perf_counter()
     got = readings(audio)
     print(f"arm64 ({got['kernels']}, {got['machine']}): read in {time.perf_counter() - t0:.0f} s")
-    same = 0
-    for i, (a, b) in enumerate(zip(got["clips"], want["clips"])):
-        same += a == b
-        print(f"clip {i}: {'same' if a == b else 'DIFFERENT'}\n  arm64: {a}\n  x86:   {b}")
+    same = ties = 0
+    for i, (a, b, noisy) in enumerate(zip(got["clips"], want["clips"], want["ties"])):
+        tie = a != b and a in noisy
+        same, ties = same + (a == b), ties + tie
+        verdict = "same" if a == b else f"a float tie: x86 reads it so too under {TIE_NOISE:g} noise" if tie else "DIFFERENT"
+        print(f"clip {i}: {verdict}\n  arm64: {a}\n  x86:   {b}")
     stream_same = got["stream"] == want["stream"]
     print(f"stream: {'same' if stream_same else 'DIFFERENT'}\n  arm64: {got['stream']}\n  x86:   {want['stream']}")
-    print(f"transcripts equal to x86's: {same} of {CLIPS}; stream's committed text equal: {stream_same}")
-    return 0 if same == CLIPS and stream_same else 1
+    print(f"transcripts equal to x86's: {same} of {CLIPS}, {ties} float ties, {CLIPS - same - ties} different; "
+          f"stream's committed text equal: {stream_same}")
+    return 0 if same + ties == CLIPS and same >= 5 and stream_same else 1
 
 
 def main() -> int:

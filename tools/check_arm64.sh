@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The engine on 64-bit ARM, under Debian's qemu-user-static, in an arm64 Debian rootfs made by
-# mmdebstrap: the demo model's transcripts of 5 held clips and a stream's committed text, each
-# against x86's (tools/check_arm64.py), and a subset of the kernels' twin tests. Run as root on an
-# x86-64 Debian host:
+# mmdebstrap: the demo model's transcripts of 8 held clips and a stream's committed text, each
+# against x86's (tools/check_arm64.py: a clip x86 itself reads two ways under float noise is a
+# tie), `warm`, `whistle-listen --local`, and a subset of the kernels' twin tests. Run as root on
+# an x86-64 Debian host:
 #
 #   tools/check_arm64.sh            # prints each step's minutes; exit 0 only if everything matched
 #
