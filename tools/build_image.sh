@@ -60,8 +60,8 @@ for arch in "${arches[@]}"; do
     say "built $out: $(podman image inspect "$out" --format '{{.Architecture}}, {{.Size}} bytes')"
 done
 if [ ${#arches[@]} -gt 1 ]; then
-    podman manifest exists "$TAG" && podman manifest rm "$TAG" >/dev/null
-    podman image exists "$TAG" && podman rmi "$TAG" >/dev/null
+    # whatever TAG names now, a list or a plain image, it is replaced
+    podman manifest rm "$TAG" >/dev/null 2>&1 || podman rmi "$TAG" >/dev/null 2>&1 || true
     podman manifest create "$TAG" >/dev/null
     for arch in "${arches[@]}"; do podman manifest add "$TAG" "containers-storage:$TAG-$arch" >/dev/null; done
     say "manifest list $TAG: ${arches[*]}"
