@@ -17,8 +17,8 @@ Measured (shipped): max |delta| / std 0.02 tiny, 0.11 odd, 0.11 full (0.10-0.60 
 mean 0.003-0.017. Top-1 is identical at every position except at near ties, and a near tie must
 be shown to be one (`_assert_top1_or_float_tie`): the engine reaches the reference's pick itself
 under a float-level perturbation (1e-6 to 1e-4 relative), with either of its product paths where
-the integer products run (`kernels.integer`: the int8 codes rotated exactly, the 2-bit levels on an integer grid within
-4.7e-6, another rounding of the same products). Any change of summation order moves which near
+the integer products run (`kernels.integer`: the int8 codes rotated exactly, the 2-bit levels on
+an integer grid within 4.7e-6, another rounding of the same products). Any change of summation order moves which near
 ties flip (the full-shape case at seed 0 has one since the 5-row SIMD kernels, at a margin of
 0.11 logit units); that the integer products flip no more of them than the float ones is its own
 test (`test_the_integer_products_keep_the_decoders_parity`).
@@ -53,7 +53,7 @@ from whistle_stream.kernels.simd import LANES, interleave
 MAX_REL = 0.2  # max |delta|: a few int8 rounding flips
 MEAN_REL = 0.03  # mean |delta| over every position and vocabulary id
 MASTER_MEAN_REL = 0.06  # against the float32-parameter reference
-MASTER_TOP1 = 0.85  # share of positions whose top-1 the shipped reference shares with the float32-parameter one
+MASTER_TOP1 = 0.85  # share of positions whose top-1 the shipped reference and the float32 one share
 
 
 # ---------------------------------------------------------------- NumPy twins of the kernels
@@ -627,8 +627,8 @@ def _check_parity(reference, model, depth=None, ref_model=None, master=True):
 def test_the_integer_products_keep_the_decoders_parity(reference, full_model):
     """What this CPU's decoder steps hold is what the engine reports (`kernel_path`, the ready
     log's). Where the decoder holds integer products (the VNNI path: every 2-bit matrix; the AVX2
-    path: the memory's cross K/V, many rows), over 8 random cases against the shipped reference they flip no more top-1
-    picks than the float products do (measured: 4 and 5 of 160 positions) and move the logits
+    path: the memory's cross K/V, many rows), over 8 random cases against the shipped reference
+    they flip no more top-1 picks than the float products do (measured: 4 and 5 of 160 positions) and move the logits
     about as much (mean |delta| / std 0.018 and 0.016). Where it holds the float products (AVX2,
     AVX-512 without VNNI, ARM, WHISTLE_INTEGER=0), its logits are the float products' bit for bit."""
     from whistle_stream.blocks import kernel_path

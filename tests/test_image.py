@@ -290,7 +290,8 @@ def test_compose_runs_replicas_behind_the_balancer_and_a_session_survives_a_kill
     podman("tag", IMAGE, "localhost/whistle-stream:latest")
     arch = {"x86_64": "amd64", "aarch64": "arm64"}[os.uname().machine]
     lb = subprocess.run(["podman", "build", "--build-arg", f"BASE=localhost/debian-{arch}:bookworm-slim",
-                         "-f", "docker/Dockerfile.haproxy", "-t", "localhost/whistle-stream-lb:latest", "docker"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+                         "-f", "docker/Dockerfile.haproxy", "-t", "localhost/whistle-stream-lb:latest", "docker"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert lb.returncode == 0, lb.stderr[-2000:]
     port = free_port()
     env.update(WHISTLE_RESUME_SECRET="compose-test-secret-0123456789ab", WHISTLE_REPLICAS="2",

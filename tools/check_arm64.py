@@ -3,10 +3,10 @@
     python tools/check_arm64.py make DIR      # on x86: held clips, a stream, and their x86 text
     python tools/check_arm64.py compare DIR   # on arm64 (under qemu): the same, checked word for word
 
-`make` writes DIR/clips.npz (5 held-out demo clips, `demo_data.test_items`, and a stream of held
-sentences with pauses, `benchmarks/streaming.py`'s), the stream as DIR/stream.wav, and DIR/x86.json: the demo model's transcript
-of each clip (5 beams, the default) and the text a stream commits, fed in 100 ms chunks.
-It also writes the readings x86 gives each clip under float noise (TIE_NOISE). `compare`
+`make` writes DIR/clips.npz (CLIPS held-out demo clips, `demo_data.test_items`, and a stream of
+held sentences with pauses, `benchmarks/streaming.py`'s), the stream as DIR/stream.wav, and
+DIR/x86.json: the demo model's transcript of each clip (5 beams, the default) and the text a
+stream commits, fed in 100 ms chunks. It also writes the readings x86 gives each clip under float noise (TIE_NOISE). `compare`
 computes the same on this machine and prints each pair and the kernels' path. A clip read
 otherwise than x86 reads it is a float tie when x86 gives that reading too under noise; it exits 1
 if any clip differs otherwise, if fewer than 5 clips are word for word x86's, or if the stream's
@@ -57,8 +57,8 @@ def noise_readings(audio: dict[str, np.ndarray]) -> list[list[str]]:
     out = []
     for i in range(CLIPS):
         a = audio[f"clip{i}"]
-        out.append(sorted({model.transcribe((a * (1 + TIE_NOISE * rng.standard_normal(a.shape))).astype(np.float32)).text
-                           for _ in range(TIE_DRAWS)}))
+        noisy = [(a * (1 + TIE_NOISE * rng.standard_normal(a.shape))).astype(np.float32) for _ in range(TIE_DRAWS)]
+        out.append(sorted({model.transcribe(n).text for n in noisy}))
     return out
 
 
@@ -97,7 +97,8 @@ def compare(folder: Path) -> int:
     for i, (a, b, noisy) in enumerate(zip(got["clips"], want["clips"], want["ties"])):
         tie = a != b and a in noisy
         same, ties = same + (a == b), ties + tie
-        verdict = "same" if a == b else f"a float tie: x86 reads it so too under {TIE_NOISE:g} noise" if tie else "DIFFERENT"
+        verdict = ("same" if a == b else f"a float tie: x86 reads it so too under {TIE_NOISE:g} noise" if tie
+                   else "DIFFERENT")
         print(f"clip {i}: {verdict}\n  arm64: {a}\n  x86:   {b}")
     stream_same = got["stream"] == want["stream"]
     print(f"stream: {'same' if stream_same else 'DIFFERENT'}\n  arm64: {got['stream']}\n  x86:   {want['stream']}")
