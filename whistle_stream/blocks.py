@@ -15,6 +15,7 @@ import numpy as np
 
 from . import kernels as K
 from .results import KernelPath
+from .kernels import _target, simd
 from .kernels import integer as KI
 from .kernels.decoder import HadamardMlp, _hadamard_residual, _packed_rows
 from .kernels.simd import PACKED_BITS, interleave
@@ -398,7 +399,6 @@ def integer_products_run(decoder: bool = False) -> bool:
 
 def kernel_path() -> KernelPath:
     """The path the kernels take here (for the logs, `warm`, and the tests that depend on it)."""
-    from .kernels import _target, simd
     tier = _target.compiled_tier()
     return KernelPath(_target.machine(), tier and tier.name, simd.PATH,
                       integer_products_run(False), integer_products_run(True))
