@@ -266,8 +266,9 @@ def _warm(args: argparse.Namespace) -> None:
         from whistle_stream import Whistle
 
         model = Whistle(args.model)
-        seconds = model.warmup()
-        print(f"warm: {model.kernel_path()} in {seconds:.1f} s")
+        done = model.warmup()
+        print(f"warm: {model.kernel_path()} in {done.seconds:.1f} s ({done.compiled} kernels compiled, "
+              "the rest loaded from the cache)")
         return
     tiers = [t.name for t in _target.tiers_of()]
     host = _target.host_tier()

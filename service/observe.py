@@ -37,11 +37,12 @@ class JsonFormatter(logging.Formatter):
 _SENTENCES = {
     "listening": lambda f: f"listening on {f['host']}:{f['port']} (at most {f['max_sessions']} sessions)",
     "wyoming_listening": lambda f: f"Wyoming (Home Assistant) on tcp://{f['host']}:{f['port']}",
-    "compiling": lambda f: (f"still compiling the engine's kernels: {f['elapsed_s']} s" if "elapsed_s" in f else
-                            "compiling the engine's kernels for this CPU: a first start takes about a minute, "
-                            f"later starts load them from {f.get('cache', 'the cache')} and take seconds"),
+    "compiling": lambda f: (f"still warming up: {f['elapsed_s']} s" if "elapsed_s" in f else
+                            "still warming up: a first start compiles the engine's kernels for this CPU (about a "
+                            f"minute), later starts load them from {f.get('cache', 'the cache')} and take seconds"),
     "ready": lambda f: (f"ready in {f['warm_s']:.1f} s: model {f['model']} ({', '.join(f['languages'])}); "
-                        f"kernels: {f.get('kernels', '?')}"),
+                        f"kernels: {f.get('kernels', '?')}, "
+                        + (f"{f['compiled']} compiled" if f.get("compiled") else "loaded from the cache")),
     "open": lambda f: f"open {f['page']} for live captions; WebSocket {f['websocket']}",
     "model_note": lambda f: f"note: {f['note']}",
     "signal": lambda f: f"{f['signal']}: finishing open sessions, then exiting",

@@ -32,6 +32,7 @@ from websockets.asyncio.server import Server, serve as ws_serve
 from whistle_stream import __version__, allocator
 from whistle_stream.errors import ExitStatus
 from whistle_stream.frontend import warm_signal
+from whistle_stream.results import Warmup
 
 from . import protocol as P
 from . import wyoming_server
@@ -93,14 +94,14 @@ class App:
         """Run a CPU-heavy engine call on the worker pool, never on the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, partial(fn, *args))
 
-    def _load_and_warm(self) -> float:
+    def _load_and_warm(self) -> Warmup:
         t0 = time.perf_counter()
         done = threading.Event()
         threading.Thread(target=_say_compiling, args=(done,), name="compile-progress", daemon=True).start()
         try:
             if self.model is None:
                 self.model = load_engine(self.config)
-            self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
+            warmed = self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
         finally:
             done.set()
         # The gate, then one short session through the core's whole pass schedule.
@@ -113,12 +114,12 @@ class App:
         core.open()
         core.audio(signal_.tobytes())
         core.finish("close")
-        return time.perf_counter() - t0
+        return Warmup(time.perf_counter() - t0, warmed.compiled)
 
     async def warm(self) -> None:
         """Load the model if none was given and run one short pass so the JIT is compiled."""
         try:
-            seconds = await self.engine(self._load_and_warm)
+            warmed = await self.engine(self._load_and_warm)
         except Exception as e:
             if not self.draining:
                 raise
@@ -138,8 +139,8 @@ class App:
         gc.collect()
         self.collector = asyncio.get_running_loop().create_task(self._collect_garbage())
         self.ready = True
-        log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(seconds, 3),
-                  kernels=str(self.model.kernel_path()),
+        log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(warmed.seconds, 3),
+                  kernels=str(self.model.kernel_path()), compiled=warmed.compiled,
                   workers=self.config.workers, processes=len(getattr(self.model, "workers", ())) or 1,
                   languages=list(self.model.dims.languages))
         host = self.config.host if self.config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
@@ -263,8 +264,8 @@ class App:
             self.metrics.sessions_open.dec()
 
 
-# A start still warming up after this long is compiling the kernels (a first start): say so, then
-# how long it has taken every COMPILE_TICK_S.
+# A start still warming up after this long is likely compiling the kernels (a first start): say
+# so, then how long it has taken every COMPILE_TICK_S. The ready line says what it compiled.
 COMPILE_NOTICE_S = 3.0
 COMPILE_TICK_S = 10.0
 GC_INTERVAL_S = 60.0   # between full garbage collections once ready (`App._collect_garbage`)

@@ -35,7 +35,7 @@ import numpy as np
 from whistle_stream import allocator
 from whistle_stream.errors import WhistleError
 from whistle_stream.models import ModelFile
-from whistle_stream.results import KernelPath, StreamUpdate
+from whistle_stream.results import KernelPath, StreamUpdate, Warmup
 from whistle_stream.streaming import StreamSession
 
 
@@ -328,10 +328,11 @@ class ProcessEngine(ModelFile):
         """The kernels' path in the workers (one asked: they share the host and the environment)."""
         return self.workers[0].call("kernel_path", 0)[0]
 
-    def warmup(self) -> float:
-        """Every worker loads and compiles at once; returns the slowest one's seconds."""
+    def warmup(self) -> Warmup:
+        """Every worker loads and compiles at once: the slowest one's seconds, all they compiled."""
         with ThreadPoolExecutor(len(self.workers)) as pool:
-            return max(pool.map(lambda w: w.call("warmup", 0)[0], list(self.workers)))
+            done = list(pool.map(lambda w: w.call("warmup", 0)[0], list(self.workers)))
+        return Warmup(max(w.seconds for w in done), sum(w.compiled for w in done))
 
     def close(self) -> None:
         for w in self.workers:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from whistle_stream.results import KernelPath, StreamUpdate, stream_update
+from whistle_stream.results import KernelPath, StreamUpdate, Warmup, stream_update
 
 VOCABULARY = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
               "juliett", "kilo", "lima", "mike", "november", "oscar", "papa")
@@ -136,8 +136,8 @@ class FakeWhistle:
         """The fake has no silence gate: every utterance's audio reaches the stream."""
         return True
 
-    def warmup(self) -> float:
-        return 0.0
+    def warmup(self) -> Warmup:
+        return Warmup(0.0, 0)
 
     def kernel_path(self) -> KernelPath:
         return KernelPath("x86_64", None, "fake", False, False)

@@ -139,6 +139,15 @@ def stream_update(text: str = "", words=(), pending: str = "", language: str = "
 
 
 @dataclass(frozen=True)
+class Warmup:
+    """What an engine's warm-up did: the seconds it took and how many kernel signatures it
+    compiled (0: every kernel came from the cache; with worker processes, their sum)."""
+
+    seconds: float
+    compiled: int
+
+
+@dataclass(frozen=True)
 class KernelPath:
     """What the kernels run as in this process: the tier compiled for (None: the host CPU), the
     5-row products' simd path, and whether the encoder's and the decoder's products are integer."""

@@ -24,7 +24,8 @@ from .keywords import KeywordBiaser, parse_keywords
 from .longform import transcribe_long, utterance_spans
 from .models import ModelFile
 from .blocks import kernel_path
-from .results import Decoding, KernelPath, Transcription, Word
+from .kernels._cache import compiled_here
+from .results import Decoding, KernelPath, Transcription, Warmup, Word
 from .rules import BEAMS, READ_BY, WINDOW_S
 from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import PassMemo, StreamSession, sound_span
@@ -399,16 +400,19 @@ class Whistle(ModelFile):
         """The path the kernels take in this process: tier, simd path, integer products."""
         return kernel_path()
 
-    def warmup(self) -> float:
-        """Compile/load every kernel on a short synthetic clip; returns the seconds it took."""
+    def warmup(self) -> Warmup:
+        """Compile (or load from the cache) every kernel a pass or a stream runs, on a short
+        synthetic clip."""
         t0 = time.perf_counter()
-        enc = self._encode(frontend.warm_signal(self.dims.rate))
+        signal = frontend.warm_signal(self.dims.rate)
+        enc = self._encode(signal)
         state = self.decoder.start(enc, beams=BEAMS)
         logits = self.decoder.feed(state, [self.dims.bos, self.dims.first_tag])[0, -1]
         beam_search(logits, self.decoder.advance_fn(state), first_tag=self.dims.first_tag, eos=self.dims.eos,
                     max_len=min(self.dims.max_tokens, 8), beams=BEAMS)
         self.decoder.cross_attention_weights(enc, [self.dims.bos, self.dims.first_tag, 5])
-        return time.perf_counter() - t0
+        self.align(signal, "a", language=self.dims.languages[0])   # word times: §8's path
+        return Warmup(time.perf_counter() - t0, compiled_here())
 
 
 def _check_draft(draft, text_vocab: int) -> list[int]:
