@@ -7,8 +7,10 @@ defaults is in docs/protocol.md ("Limits").
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 
 from whistle_stream.streaming import MAX_STEP_S, MIN_STEP_S
@@ -59,6 +61,7 @@ class ServiceConfig:
     log_format: str = "auto"                 # text on a terminal, JSON lines elsewhere; or "text", "json"
     wyoming_port: int = 0                    # the Wyoming server's TCP port (10300 by convention); 0: off
     wyoming_zeroconf: bool = False           # advertise the Wyoming server over mDNS (_wyoming._tcp.local.)
+    wyoming_allow: tuple[str, ...] = ()      # client networks (CIDRs) the Wyoming port admits; empty: any
 
     def __post_init__(self):
         checks = [
@@ -86,6 +89,49 @@ class ServiceConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"invalid service setting: {message}")
+        networks(self.wyoming_allow)
+        if self.token and self.wyoming_port and not self.wyoming_allow and not is_loopback(self.host):
+            raise ValueError(
+                f"invalid service setting: the Wyoming protocol has no authentication, so with --token set a "
+                f"Wyoming port on {self.host} needs --wyoming-allow listing the client networks that may use it "
+                "(CIDRs, e.g. 192.168.1.0/24 for a home network), or --host 127.0.0.1")
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def networks(entries: tuple[str, ...]) -> tuple[Network, ...]:
+    """--wyoming-allow's networks; refuses an entry that is not an address or CIDR by name."""
+    out = []
+    for entry in entries:
+        try:
+            out.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ValueError(f"invalid service setting: wyoming_allow entry {entry!r} is not a network; accepted: "
+                             "addresses or CIDRs, comma-separated (192.168.1.0/24,172.30.32.0/23,::1)") from None
+    return tuple(out)
+
+
+def admitted(address: str, allow: tuple[Network, ...]) -> bool:
+    """Whether a client `address` (a socket's peer: IPv6 with its zone, or IPv4-mapped, as well)
+    lies in one of the `allow` networks. The list is the whole list: loopback too must be in it."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in net for net in allow)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an interface to listen on) is loopback only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 DEFAULTS = ServiceConfig()   # every setting's default, typed: the one place other modules read them
@@ -100,7 +146,7 @@ _HELP = {
     "processes": "engine worker processes, each with its own interpreter; 1: the engine runs in the server "
                  "(default: the cores available, a container's CPU limit included)",
     "token": "require this token (Authorization: Bearer or ?token=)",
-    "allowed_origins": "comma-separated allowed Origin headers (default: any)",
+    "allowed_origins": "allowed Origin headers, comma-separated (default: any)",
     "max_frame_bytes": "largest binary frame; larger ones close the session with 1009",
     "max_session_seconds": "audio seconds per session before it is ended",
     "idle_timeout": "seconds without a frame before a session is ended",
@@ -121,6 +167,8 @@ _HELP = {
     "log_format": "text (for a person), json (one object a line), or auto: text on a terminal, json elsewhere",
     "wyoming_port": "TCP port of the Wyoming server for Home Assistant (10300 by convention; 0: off)",
     "wyoming_zeroconf": "advertise the Wyoming server over zeroconf/mDNS (_wyoming._tcp.local.)",
+    "wyoming_allow": "client networks (CIDRs) the Wyoming port admits, the only ones; "
+                     "needed with --token on an address other than loopback (default: any)",
 }
 
 
@@ -163,8 +211,8 @@ def config_from_args(args: argparse.Namespace | None = None, environ=None) -> Se
         try:
             if f.name in _OPTIONAL_TEXT:
                 values[f.name] = raw or None
-            elif kind is tuple:
-                values[f.name] = tuple(o.strip() for o in str(raw).split(",") if o.strip())
+            elif kind is tuple:   # comma- or space-separated
+                values[f.name] = tuple(o for o in re.split(r"[,\s]+", str(raw)) if o)
             elif kind is bool:
                 values[f.name] = parse_bool(f.name, str(raw))
             else:

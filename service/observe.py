@@ -36,7 +36,10 @@ class JsonFormatter(logging.Formatter):
 # show as their name and fields.
 _SENTENCES = {
     "listening": lambda f: f"listening on {f['host']}:{f['port']} (at most {f['max_sessions']} sessions)",
-    "wyoming_listening": lambda f: f"Wyoming (Home Assistant) on tcp://{f['host']}:{f['port']}",
+    "wyoming_listening": lambda f: (f"Wyoming (Home Assistant) on tcp://{f['host']}:{f['port']}"
+                                    + (f", for {', '.join(f['allow'])} only" if f.get("allow") else "")),
+    "wyoming_open": lambda f: (f"the Wyoming port {f['port']} has no authentication: anyone who reaches "
+                               "it can transcribe; --wyoming-allow admits only the networks it lists"),
     "compiling": lambda f: (f"still warming up: {f['elapsed_s']} s" if "elapsed_s" in f else
                             "still warming up: a first start compiles the engine's kernels for this CPU (about a "
                             f"minute), later starts load them from {f.get('cache', 'the cache')} and take seconds"),
@@ -92,6 +95,8 @@ class Metrics:
                                  "backlog: the session had fallen behind real time", registry=r)
         self.replayed = Counter("whistle_replayed_audio_seconds", "Audio replayed by resuming clients, seconds",
                                 registry=r)
+        self.wyoming_refused = Counter("whistle_wyoming_refused_connections", "Wyoming connections closed "
+                                       "unread: the client's address is outside --wyoming-allow", registry=r)
         self.sessions = Counter("whistle_sessions", "Live sessions opened, by dialect (native, deepgram, "
                                 "wyoming, realtime)", ["dialect"], registry=r)
         # the process's memory, descriptors and CPU (process_*), and the garbage collector's runs

@@ -27,6 +27,7 @@ from wyoming.ping import Ping, Pong
 
 from . import protocol as P
 from . import wyoming as W
+from .config import admitted, networks
 from .handshake import admission
 from .observe import log_event
 from .runner import ChannelClosed, SessionRunner
@@ -213,6 +214,7 @@ class WyomingServer:
         self.port: int | None = None
         self.connections: set[asyncio.Task] = set()
         self._zeroconf = None
+        self.allow = networks(app.config.wyoming_allow)   # empty: any address
 
     def info(self) -> Event:
         app = self.app
@@ -222,10 +224,23 @@ class WyomingServer:
     async def start(self, host: str, port: int) -> int:
         self.server = await asyncio.start_server(self._connection, host, port, limit=MAX_HEADER_BYTES)
         self.port = self.server.sockets[0].getsockname()[1]
-        log_event("wyoming_listening", host=host, port=self.port)
+        log_event("wyoming_listening", host=host, port=self.port, allow=[str(n) for n in self.allow])
+        if not self.allow:
+            log_event("wyoming_open", level=logging.WARNING, host=host, port=self.port,
+                      detail="the Wyoming port has no authentication: whoever reaches it transcribes "
+                             "(--wyoming-allow admits only the networks it lists)")
         return self.port
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if self.allow and not admitted(address, self.allow):
+            # closed before any event is read: nothing the client sent is looked at
+            self.app.metrics.wyoming_refused.inc()
+            log_event("wyoming_refused", level=logging.WARNING, peer=address,
+                      detail="the address is outside --wyoming-allow")
+            writer.close()
+            return
         task = asyncio.current_task()
         assert task is not None   # a connection is served by its own task
         self.connections.add(task)

@@ -231,3 +231,48 @@ def test_the_load_benchmark_measures_replicas_behind_the_balancer_against_one_al
     assert "one replica alone:" in out and "3 replicas behind HAProxy" in out
     assert out.count("   6      0 ") == 2          # N=6 with no errors, alone and through the balancer
     assert "largest sustained N: 6 through the balancer against 6 alone: ratio 1.00x" in out
+
+
+@pytest.mark.parametrize("allow, admitted", [("10.0.0.0/8 192.168.1.0/24", False), ("10.0.0.0/8 127.0.0.0/8", True),
+                                             ("", False)])
+def test_the_balancer_admits_to_wyoming_only_the_networks_it_is_given(tmp_path, allow, admitted):
+    """The shipped Wyoming frontend, on loopback, in front of a TCP server that greets each
+    connection: a client from outside WHISTLE_WYOMING_ALLOW is closed before it reaches a replica."""
+    from harness.balancer import wyoming_config
+
+    async def run() -> bytes:
+        reached = []
+
+        async def greet(reader, writer):
+            reached.append(1)
+            writer.write(b'{"type": "info"}\n')
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(greet, "127.0.0.1", 0)
+        port = free_port()
+        cfg = tmp_path / "wyoming.cfg"
+        cfg.write_text(wyoming_config(server.sockets[0].getsockname()[1], port))
+        proc = subprocess.Popen(["haproxy", "-f", str(cfg), "-db"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={"WHISTLE_WYOMING_ALLOW": allow, "PATH": "/usr/sbin:/usr/bin:/bin"})
+        try:
+            for _ in range(100):
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+            try:
+                got = await asyncio.wait_for(reader.read(), 10)
+            except ConnectionError:
+                got = b""
+            writer.close()
+            assert bool(reached) == admitted
+            return got
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            server.close()
+
+    got = asyncio.run(run())
+    assert (got == b'{"type": "info"}\n') == admitted, got

@@ -41,7 +41,7 @@ def by_kind(objects, kind):
 
 
 def test_every_object_validates_against_the_kubernetes_schemas(objects):
-    kinds = sorted(set(o["kind"] for o in objects) - {"PersistentVolumeClaim"})
+    kinds = sorted(set(o["kind"] for o in objects) - {"PersistentVolumeClaim", "NetworkPolicy"})
     assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Ingress", "Namespace",
                      "PodDisruptionBudget", "Secret", "Service"]
     for obj in objects:
@@ -111,3 +111,35 @@ def test_the_full_model_overlay_reads_the_model_from_a_read_only_volume():
     claim = by_kind(objects, "PersistentVolumeClaim")
     assert mount["readOnly"] and volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     assert int(config["WHISTLE_MAX_SESSIONS"]) < int(by_kind(build("example"), "ConfigMap")["data"]["WHISTLE_MAX_SESSIONS"])
+
+
+def _wyoming_ports(objects) -> list:
+    pod = by_kind(objects, "Deployment")["spec"]["template"]["spec"]
+    return ([p for c in pod["containers"] for p in c.get("ports", []) if p["containerPort"] == 10300]
+            + [p for p in by_kind(objects, "Service")["spec"]["ports"] if p["port"] == 10300])
+
+
+def test_wyoming_is_closed_unless_the_home_assistant_overlay_opens_it_behind_a_policy():
+    """The Wyoming protocol has no authentication: the base neither turns it on nor exposes it;
+    the home-assistant overlay does, with a NetworkPolicy that admits 10300 only from a labelled
+    namespace or a CIDR (8000 from anywhere), and settings a token server starts with."""
+    from whistle_stream.service.config import config_from_args
+
+    for overlay in ("example", "full-model"):
+        objects = build(overlay)
+        assert "WHISTLE_WYOMING_PORT" not in by_kind(objects, "ConfigMap")["data"]
+        assert not _wyoming_ports(objects) and not [o for o in objects if o["kind"] == "NetworkPolicy"]
+    objects = build("home-assistant")
+    data = by_kind(objects, "ConfigMap")["data"]
+    config = config_from_args(None, environ={**data, "WHISTLE_TOKEN": "t"})
+    assert config.wyoming_port == 10300 and config.host == "0.0.0.0" and config.wyoming_allow
+    assert len(_wyoming_ports(objects)) == 2
+    policy = by_kind(objects, "NetworkPolicy")
+    pod_labels = by_kind(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules["http"] is None                                  # the WebSocket port: from anywhere
+    sources = rules["wyoming"]
+    assert {"namespaceSelector": {"matchLabels": {"whistle-stream/wyoming": "allowed"}}} in sources
+    assert any("ipBlock" in s for s in sources) and len(sources) == 2

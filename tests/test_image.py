@@ -294,7 +294,7 @@ def test_compose_runs_replicas_behind_the_balancer_and_a_session_survives_a_kill
     port = free_port()
     env.update(WHISTLE_RESUME_SECRET="compose-test-secret-0123456789ab", WHISTLE_REPLICAS="2",
                WHISTLE_REPLICA_CPUS="1", WHISTLE_LB_PORT=str(port), WHISTLE_LB_TLS_PORT=str(free_port()),
-               WHISTLE_LB_STATS_PORT=str(free_port()), WHISTLE_WYOMING_PORT=str(free_port()))
+               WHISTLE_LB_STATS_PORT=str(free_port()))
     compose = ["podman-compose", "-p", f"whistletest{os.getpid()}", "-f", "docker/compose.yaml"]
     up = subprocess.run([*compose, "up", "-d"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     try:

@@ -73,3 +73,25 @@ def test_compose_mounts_the_full_model_and_the_certificate_where_its_settings_po
     assert set(lb["environment"]) == {"WHISTLE_TLS_CERT"}
     assert '"$WHISTLE_TLS_CERT"' in (DOCKER / "haproxy.cfg").read_text()
     assert any(p.endswith(":8443") for p in lb["ports"])
+
+
+def test_the_default_compose_stack_keeps_wyoming_closed_and_the_overlay_opens_it_to_a_list():
+    """Wyoming has no authentication: the default stack neither turns it on nor publishes 10300;
+    compose.wyoming.yaml does both, and the balancer's list is one the user must give."""
+    yaml = pytest.importorskip("yaml")
+    base = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    ports = [str(p) for s in base["services"].values() for p in s.get("ports", []) + s.get("expose", [])]
+    assert not any("10300" in p for p in ports), ports
+    assert not any("WYOMING" in k for s in base["services"].values() for k in s.get("environment", {}))
+    overlay = yaml.safe_load((DOCKER / "compose.wyoming.yaml").read_text())
+    whistle, lb = overlay["services"]["whistle"], overlay["services"]["lb"]
+    assert set(whistle["environment"]) <= KNOWN and whistle["environment"]["WHISTLE_WYOMING_PORT"] == "10300"
+    # the replicas' list parses, and it is what lets a token stack on 0.0.0.0 start
+    allow = whistle["environment"]["WHISTLE_WYOMING_ALLOW"]
+    from whistle_stream.service.config import config_from_args
+    config = config_from_args(None, environ={"WHISTLE_HOST": "0.0.0.0", "WHISTLE_TOKEN": "t",
+                                             "WHISTLE_WYOMING_PORT": "10300", "WHISTLE_WYOMING_ALLOW": allow})
+    assert "192.168.0.0/16" in config.wyoming_allow
+    assert lb["environment"]["WHISTLE_WYOMING_ALLOW"].startswith("${WHISTLE_WYOMING_ALLOW:?")   # no default: required
+    assert any(str(p).endswith(":10300") for p in lb["ports"])
+    assert '"${WHISTLE_WYOMING_ALLOW[*]}"' in (DOCKER / "haproxy.cfg").read_text()

@@ -36,6 +36,24 @@ def loopback_config(servers: dict[str, int], port: int, stats: int, tls_port: in
     return text[:text.index("# Home Assistant's Wyoming protocol")] + text[text.index("frontend stats"):]
 
 
+def wyoming_config(server: int, port: int) -> str:
+    """docker/haproxy.cfg's defaults and Wyoming frontend and backend, on loopback: bound to `port`,
+    forwarding to one server on `server`, without the HTTP health check (the server under it is
+    a plain TCP one). Every other line of those sections is the shipped one."""
+    text = (ROOT / "docker/haproxy.cfg").read_text()
+    defaults = text[text.index("defaults"):text.index("resolvers docker")]
+    section = text[text.index("# Home Assistant's Wyoming protocol"):text.index("frontend stats")]
+    swaps = [("    bind :10300\n", f"    bind 127.0.0.1:{port}\n"),
+             ("    option httpchk GET /readyz\n    http-check expect status 200\n", ""),
+             ("    default-server check port 8000 inter 2s fall 2 rise 2 resolvers docker init-addr none\n", ""),
+             ("    server-template whistle 16 whistle:10300\n", f"    server whistle0 127.0.0.1:{server}\n")]
+    for old, new in swaps:
+        if old not in section:
+            raise AssertionError(f"docker/haproxy.cfg changed: {old!r} is gone; update tests/harness/balancer.py")
+        section = section.replace(old, new)
+    return defaults + section
+
+
 class Balancer:
     """HAProxy running a loopback_config; its log lines collect in `log`."""
 
