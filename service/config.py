@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 
+from whistle_stream.rules import BEAMS, MAX_BEAMS
 from whistle_stream.streaming import MAX_STEP_S, MIN_STEP_S
 
 from .params import FALSE, TRUE, parse_bool
@@ -49,6 +50,9 @@ class ServiceConfig:
     vad_aggressiveness: int = 2              # webrtcvad 0..3; 2 keeps soft speech, drops most hum
     end_of_speech_ms: int = 600              # trailing non-speech that ends an utterance
     step_s: float = 1.0                      # engine step (streaming re-transcribes once per step)
+    language: str | None = None              # the language of sessions that name none; None: detected
+    keywords: tuple[str, ...] = ()           # keyword phrases of sessions that name none
+    beams: int = BEAMS                       # beam width of the passes that commit words
     send_queue: int = 256                    # messages queued for one client before it counts as slow
     send_timeout: float = 10.0               # seconds one send may block before the client counts as slow
     drain_timeout: float = 30.0              # SIGTERM: seconds to finish open sessions
@@ -78,6 +82,7 @@ class ServiceConfig:
             (0 <= self.vad_aggressiveness <= 3, "vad_aggressiveness must be 0..3"),
             (self.end_of_speech_ms >= 30, "end_of_speech_ms must be at least 30 (one VAD frame)"),
             (MIN_STEP_S <= self.step_s <= MAX_STEP_S, f"step_s must be {MIN_STEP_S:g}..{MAX_STEP_S:g} seconds"),
+            (1 <= self.beams <= MAX_BEAMS, f"beams must be 1..{MAX_BEAMS}"),
             (self.send_queue >= 1 and self.send_timeout > 0, "send_queue/send_timeout must be positive"),
             (self.drain_timeout >= 0, "drain_timeout must be non-negative"),
             (self.resume_ttl > 0, "resume_ttl must be positive"),
@@ -155,6 +160,9 @@ _HELP = {
     "vad_aggressiveness": "webrtcvad aggressiveness 0..3",
     "end_of_speech_ms": "silence after speech that finalizes the utterance",
     "step_s": "engine step in seconds",
+    "language": "language of sessions that name none, one of the model's (default: detected)",
+    "keywords": "keyword phrases, comma-separated, for sessions that name none",
+    "beams": "beam width of the passes that commit words (1: greedy, fastest)",
     "send_queue": "messages queued per client before it is disconnected as slow",
     "send_timeout": "seconds a send may block before the client is disconnected as slow",
     "drain_timeout": "seconds SIGTERM waits for open sessions to finish",
@@ -193,7 +201,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
-_OPTIONAL_TEXT = ("token", "model", "resume_secret")   # text settings that may be unset (None)
+_OPTIONAL_TEXT = ("token", "model", "resume_secret", "language")
+_COMMAS_ONLY = ("keywords",)   # list settings whose entries may hold spaces; the others split on spaces too   # text settings that may be unset (None)
 
 
 def config_from_args(args: argparse.Namespace | None = None, environ=None) -> ServiceConfig:
@@ -211,8 +220,9 @@ def config_from_args(args: argparse.Namespace | None = None, environ=None) -> Se
         try:
             if f.name in _OPTIONAL_TEXT:
                 values[f.name] = raw or None
-            elif kind is tuple:   # comma- or space-separated
-                values[f.name] = tuple(o for o in re.split(r"[,\s]+", str(raw)) if o)
+            elif kind is tuple:
+                separators = "," if f.name in _COMMAS_ONLY else r"[,\s]+"
+                values[f.name] = tuple(o.strip() for o in re.split(separators, str(raw)) if o.strip())
             elif kind is bool:
                 values[f.name] = parse_bool(f.name, str(raw))
             else:

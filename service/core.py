@@ -68,8 +68,9 @@ class Engine(Protocol):
     name: str
     dims: EngineDims
 
-    def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0) -> EngineStream: ...
-    def restore_stream(self, state: dict, keywords=None) -> EngineStream: ...
+    def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0,
+                    beams: int | None = None) -> EngineStream: ...
+    def restore_stream(self, state: dict, keywords=None, beams: int | None = None) -> EngineStream: ...
     def is_speech(self, pcm: np.ndarray) -> bool: ...
     def warmup(self) -> Warmup: ...
     def kernel_path(self) -> KernelPath: ...
@@ -125,6 +126,9 @@ class SessionLimits:
     control_burst: int = DEFAULTS.control_burst
     vad_aggressiveness: int = DEFAULTS.vad_aggressiveness
     end_of_speech_ms: int = DEFAULTS.end_of_speech_ms
+    language: str | None = DEFAULTS.language     # of a session that names none
+    keywords: tuple[str, ...] = DEFAULTS.keywords
+    beams: int = DEFAULTS.beams
 
 
 @dataclass(frozen=True)
@@ -258,12 +262,17 @@ class SessionCore:
             self._resume(c.resume)
             return [self.session.ready(resumed=True, replay_from=self.replay_from)]
         try:
-            self.stream = self.engine.open_stream(language=c.language, keywords=list(c.keywords) or None,
-                                                  step_s=self.limits.step_s)
+            self.stream = self._open_stream(c.language, c.keywords)
         except ValueError as e:
             raise P.ProtocolError(P.ErrorCode.BAD_REQUEST, str(e)[:300]) from e
         self._passes_seen = self.stream.passes
         return [self.session.ready()]
+
+    def _open_stream(self, language: str | None, keywords: tuple[str, ...]) -> EngineStream:
+        """The engine stream of a session's language and keywords, the service's where it named none."""
+        lim = self.limits
+        return self.engine.open_stream(language=language or lim.language, keywords=list(keywords or lim.keywords) or None,
+                                       step_s=lim.step_s, beams=lim.beams)
 
     def _new_path(self) -> AudioPath:
         c, lim = self.config, self.limits
@@ -324,7 +333,8 @@ class SessionCore:
             start = int(state["from"])
             self.replay_from = start / self.rate
             self.session.resume(int(state["seq"]), self.replay_from, str(state["lang"]), tuple(keywords))
-            self.stream = self.engine.restore_stream(state["engine"], keywords=list(keywords) or None)
+            self.stream = self.engine.restore_stream(state["engine"], keywords=list(keywords) or None,
+                                                     beams=self.limits.beams)
             self.time_map.restore(state["time"])
             self.path.restore(state["path"], start, [tuple(r) for r in state["refill"]])
             self._replay_until = (int(state["path"]["position"]) + int(state["path"]["tail"])) / self.rate
@@ -495,8 +505,7 @@ class SessionCore:
                 return [P.Error(P.ErrorCode.BAD_MESSAGE, str(e)[:300])]
             return []
         if isinstance(item, Reopen):
-            self.stream = self.engine.open_stream(language=item.language, keywords=list(item.keywords) or None,
-                                                  step_s=self.limits.step_s)
+            self.stream = self._open_stream(item.language, item.keywords)
             self._passes_seen = self.stream.passes
             return []
         if isinstance(item, FinishNow):

@@ -101,6 +101,9 @@ class App:
         try:
             if self.model is None:
                 self.model = load_engine(self.config)
+            language, languages = self.config.language, self.model.dims.languages
+            if language is not None and language not in languages:
+                raise ValueError(f"--language: {P.unknown_language(language, languages)}")
             warmed = self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
         finally:
             done.set()

@@ -307,11 +307,13 @@ class ProcessEngine(ModelFile):
         worker.call(op, sid, args, kwargs)
         return RemoteStream(worker, sid)
 
-    def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0) -> RemoteStream:
-        return self._new_stream("open", (), {"language": language, "keywords": keywords, "step_s": step_s})
+    def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0,
+                    beams: int | None = None) -> RemoteStream:
+        return self._new_stream("open", (), {"language": language, "keywords": keywords, "step_s": step_s,
+                                             "beams": beams})
 
-    def restore_stream(self, state: dict, keywords=None) -> RemoteStream:
-        return self._new_stream("restore", (state,), {"keywords": keywords})
+    def restore_stream(self, state: dict, keywords=None, beams: int | None = None) -> RemoteStream:
+        return self._new_stream("restore", (state,), {"keywords": keywords, "beams": beams})
 
     def transcribe(self, audio, **kwargs) -> dict:
         """`Whistle.transcribe` on the least busy worker (no `progress` callback across processes)."""

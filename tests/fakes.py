@@ -30,8 +30,9 @@ class FakeDims:
 
 
 class FakeStream:
-    def __init__(self, model: "FakeWhistle", language, keywords, step_s):
+    def __init__(self, model: "FakeWhistle", language, keywords, step_s, beams=None):
         self.model = model
+        self.beams = beams         # as asked for (the fake reads no differently)
         self.language = language
         self.keywords = list(keywords or [])
         self.step = int(round(step_s * model.dims.rate))
@@ -142,7 +143,7 @@ class FakeWhistle:
     def kernel_path(self) -> KernelPath:
         return KernelPath("x86_64", None, "fake", False, False)
 
-    def restore_stream(self, state: dict, keywords=None) -> FakeStream:
+    def restore_stream(self, state: dict, keywords=None, beams=None) -> FakeStream:
         if state.get("fake") != 1:
             raise ValueError("not a fake stream checkpoint")
         s = self.open_stream(state["language"], keywords, state["step"] / self.dims.rate)
@@ -150,8 +151,8 @@ class FakeWhistle:
         s.committed, s.revision, s.passes = state["committed"], state["revision"], state["passes"]
         return s
 
-    def open_stream(self, language=None, keywords=None, step_s: float = 1.0) -> FakeStream:
-        s = FakeStream(self, language, keywords, step_s)
+    def open_stream(self, language=None, keywords=None, step_s: float = 1.0, beams=None) -> FakeStream:
+        s = FakeStream(self, language, keywords, step_s, beams)
         with self._lock:
             self.streams.append(s)
         return s

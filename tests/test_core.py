@@ -320,3 +320,15 @@ def test_the_cheap_half_and_the_engine_half_run_on_two_threads():
         sys.setswitchinterval(interval)
     assert not errors, errors
     assert model.passes > 10
+
+
+def test_a_session_that_names_no_language_or_keywords_takes_the_services():
+    model = FakeWhistle()
+    limits = SessionLimits(language="en", keywords=("living room", "kitchen"), beams=2)
+    for asked, (language, keywords) in [(P.SessionConfig(), ("en", ["living room", "kitchen"])),
+                                        (P.SessionConfig(language="en", keywords=("garage",)), ("en", ["garage"]))]:
+        SessionCore(model, asked, limits, clock=Clock()).open()
+        stream = model.streams[-1]
+        assert (stream.language, stream.keywords, stream.beams) == (language, keywords, 2)
+    SessionCore(model, P.SessionConfig(), SessionLimits(), clock=Clock()).open()
+    assert (model.streams[-1].language, model.streams[-1].keywords, model.streams[-1].beams) == (None, [], 5)

@@ -5,6 +5,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -161,3 +163,19 @@ def test_closed_sessions_are_freed_by_full_collections_as_they_pile_up():
     out = subprocess.run([sys.executable, "-c", _GC_SCRIPT], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert int(out.split()[-1]) >= 2, "no full collection ran while 10,000 sessions came and went"
+
+
+def test_session_defaults_parse_from_flags_and_the_environment():
+    env = {"WHISTLE_KEYWORDS": "living room, kitchen light", "WHISTLE_LANGUAGE": "", "WHISTLE_BEAMS": "3"}
+    c = parse([], env)
+    assert (c.keywords, c.language, c.beams) == (("living room", "kitchen light"), None, 3)
+    assert parse(["--language", "en"], env).language == "en"
+    with pytest.raises(ValueError, match="beams must be 1..16"):
+        parse(["--beams", "0"], env)
+
+
+def test_a_language_the_model_lacks_stops_the_start_naming_the_model_s():
+    done = subprocess.run([sys.executable, "-m", "whistle_stream.cli", "serve", "--port", "0", "--processes", "1",
+                           "--language", "sv"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "--language: unknown language 'sv'; this model knows en" in done.stderr, done.stderr[-2000:]

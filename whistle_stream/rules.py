@@ -25,6 +25,7 @@ WORD_START = "\u2581"       # "▁": sentencepiece's visible space, which opens 
 SPEECH_PERCENTILE = 90.0    # the frame RMS percentile that stands for a clip's speech level
 PAUSE_FRAME = 320           # samples at 16 kHz: the 20 ms frames pauses are measured in
 BEAMS = 5                   # the guide's beam width (§6): every search that does not say otherwise
+MAX_BEAMS = 16              # the widest search any caller may ask for
 PAUSE_S = 0.45              # quiet frames (`LOUDNESS.pause_db`) this long make a pause between utterances
 # How `transcribe` reads a clip, the first the default everywhere (Python API, CLI, server):
 # "utterances" cuts at the clip's pauses and reads each alone, as a stream does; "windows" runs the

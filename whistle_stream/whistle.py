@@ -26,7 +26,7 @@ from .models import ModelFile
 from .blocks import kernel_path
 from .kernels._cache import compiled_here
 from .results import Decoding, KernelPath, Transcription, Warmup, Word
-from .rules import BEAMS, READ_BY, WINDOW_S
+from .rules import BEAMS, MAX_BEAMS, READ_BY, WINDOW_S
 from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import PassMemo, StreamSession, sound_span
 from .streaming import stream as stream_updates
@@ -383,14 +383,18 @@ class Whistle(ModelFile):
                 "tokens": [int(t) for t in r["tokens"]]}
 
     # ---- streaming -------------------------------------------------------------------------
-    def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0):
-        """A live stream (docs/streaming.md): feed(audio) / finalize() / finish() -> StreamUpdates."""
-        return StreamSession(self, language=language, keywords=keywords, step_s=step_s)
+    def open_stream(self, language: str | None = None, keywords=None, step_s: float = 1.0,
+                    beams: int | None = None):
+        """A live stream (docs/streaming.md): feed(audio) / finalize() / finish() -> StreamUpdates.
+        beams: the width of the passes that commit words (None: BEAMS)."""
+        return StreamSession(self, language=language, keywords=keywords, step_s=step_s,
+                             beams=None if beams is None else _check_beams(beams))
 
-    def restore_stream(self, state: dict, keywords=None):
+    def restore_stream(self, state: dict, keywords=None, beams: int | None = None):
         """A live stream that continues another's `checkpoint()` (feed it the audio from the
         checkpoint's `buffer_start_s` on). Raises ValueError for a state it cannot continue."""
-        return StreamSession.restore(self, state, keywords=keywords)
+        return StreamSession.restore(self, state, keywords=keywords,
+                                     beams=None if beams is None else _check_beams(beams))
 
     def stream(self, chunks, language: str | None = None, keywords=None, step_s: float = 1.0):
         """Generator: one StreamUpdate per chunk of audio, then finish()'s (like needle.Whistle.stream)."""
@@ -434,8 +438,8 @@ def _copy_reading(reading: dict) -> dict:
 
 
 def _check_beams(beams) -> int:
-    if isinstance(beams, bool) or not isinstance(beams, (int, np.integer)) or not 1 <= beams <= 16:
-        raise ValueError(f"beams must be an integer from 1 to 16, got {beams!r}")
+    if isinstance(beams, bool) or not isinstance(beams, (int, np.integer)) or not 1 <= beams <= MAX_BEAMS:
+        raise ValueError(f"beams must be an integer from 1 to {MAX_BEAMS}, got {beams!r}")
     return int(beams)
 
 
