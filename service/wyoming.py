@@ -30,12 +30,17 @@ MAX_CHANNELS = 8
 ATTRIBUTION = Attribution(name="Cactus Compute", url="https://huggingface.co/Cactus-Compute")
 
 
+# Home Assistant's end-of-speech sensitivities (`vad_sensitivity`) as the silence that ends an
+# utterance: its own lengths (assist_pipeline's VadSensitivity), in milliseconds.
+SENSITIVITY_MS = {"aggressive": 250, "default": 700, "relaxed": 1250}
+
+
 def info_event(model: str, languages: Sequence[str], version: str, description: str) -> Event:
     """The `info` that answers `describe`: one ASR program with the model, streaming text."""
     asr_model = AsrModel(name=model, attribution=ATTRIBUTION, installed=True, description=description,
                          version=version, languages=list(languages))
     program = AsrProgram(name="whistle-stream", attribution=ATTRIBUTION, installed=True,
-                         description="Live speech-to-text with Whistle (whistle-stream)", version=version,
+                         description=f"Live speech-to-text: {description}", version=version,
                          models=[asr_model], supports_transcript_streaming=True)
     return Info(asr=[program]).event()
 

@@ -218,8 +218,14 @@ class WyomingServer:
 
     def info(self) -> Event:
         app = self.app
-        kind = "the bundled demo model: its own vocabulary in synthetic voices" if app.demo_model else "Whistle"
-        return W.info_event(app.model_name, app.model.dims.languages, app.version, kind)
+        languages = app.model.dims.languages
+        if app.demo_model:
+            about = (f"whistle-stream's demo model ({', '.join(languages)}): it hears only its own command "
+                     "vocabulary (numbers, times, timers, lights, calls, reminders) in synthetic voices; "
+                     "for real voices run Whistle")
+        else:
+            about = f"Whistle, Cactus Compute's speech-to-text model ({', '.join(languages)})"
+        return W.info_event(app.model_name, languages, app.version, about)
 
     async def start(self, host: str, port: int) -> int:
         self.server = await asyncio.start_server(self._connection, host, port, limit=MAX_HEADER_BYTES)

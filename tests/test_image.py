@@ -13,17 +13,16 @@ import asyncio
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from harness.audio import demo_stream
+from harness.podman import CACHE, CONTAINERS_CONF, ROOT, build_env, podman
 from harness.servers import ServerProcess, free_port
 from whistle_stream.clients.client import ListenClient, SessionEnded
 from whistle_stream.models import demo_model_path
@@ -32,34 +31,8 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not all(shutil.which(t) for t in ("podman", "mmdebstrap", "runc")),
                                  reason="podman, runc and mmdebstrap are not installed (.ci/run installs them)")]
 
-ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / "tests" / ".cache"
 IMAGE = "localhost/whistle-stream:test"
-CONTAINERS_CONF = """[containers]
-default_ulimits = ["nproc=4096:4096", "nofile=20000:20000"]
-netns = "host"
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-"""
 RATE = 16000
-
-
-def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    conf = CACHE / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
-    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=check,
-                          env={**os.environ, "CONTAINERS_CONF": str(conf)})
-
-
-def ca_bundle() -> str | None:
-    """The host's CA bundle, for pip inside the build behind a proxy with its own CA."""
-    for path in (os.environ.get("PIP_CERT"), ssl.get_default_verify_paths().cafile,
-                 "/etc/ssl/certs/ca-certificates.crt"):
-        if path and Path(path).is_file():
-            return path
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +40,8 @@ def image():
     """The image for this host's architecture, as users build it (tools/build_image.sh: the base
     made once by mmdebstrap and kept in podman's store, --format docker; podman's layer cache
     makes a rebuild of unchanged sources quick). Prints the build time and the image's size."""
-    podman("info", check=False)   # writes the test's containers.conf
+    env = build_env()
     t0 = time.monotonic()
-    env = {**os.environ, "CONTAINERS_CONF": str(CACHE / "containers.conf"),
-           "WHISTLE_IMAGE_CACHE": str(CACHE / "image"), **({"PIP_CERT": ca_bundle()} if ca_bundle() else {})}
     arch = {"x86_64": "amd64", "aarch64": "arm64"}[os.uname().machine]
     build = subprocess.run(["bash", "tools/build_image.sh", "--arch", arch, "--tag", IMAGE], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=2400)

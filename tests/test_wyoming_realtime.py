@@ -127,6 +127,9 @@ def test_wyoming_describe_says_what_home_assistant_reads(server):
     assert program.installed and program.supports_transcript_streaming is True and program.version
     (model,) = program.models
     assert model.name == "demo.cact" and "en" in model.languages and model.installed
+    # what a Home Assistant user reads: the model, its languages, and what the demo model hears
+    assert "demo model (en)" in model.description and "synthetic voices" in model.description
+    assert model.description in program.description
 
 
 def test_wyoming_streams_committed_text_and_reads_as_our_protocol(server, clips, ours):

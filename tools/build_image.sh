@@ -22,35 +22,12 @@ while [ $# -gt 0 ]; do
         *) echo "usage: $0 [--arch amd64,arm64] [--tag TAG]" >&2; exit 2 ;;
     esac
 done
-CACHE=${WHISTLE_IMAGE_CACHE:-/var/cache/whistle-stream/image}
-mkdir -p "$CACHE"
-# Settings that work on hosts without systemd or a writable cgroup v2 (docs/deploy.md)
-if [ -z "${CONTAINERS_CONF:-}" ]; then
-    export CONTAINERS_CONF=$CACHE/containers.conf
-    printf '[containers]\ndefault_ulimits = ["nproc=4096:4096", "nofile=20000:20000"]\nnetns = "host"\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n' >"$CONTAINERS_CONF"
-fi
-START=$(date +%s)
-say() { echo "[image $(( $(date +%s) - START )) s] $*"; }
-
-CA=""
-for f in "${PIP_CERT:-}" /etc/ssl/certs/ca-certificates.crt; do [ -n "$f" ] && [ -f "$f" ] && { CA=$f; break; }; done
+source tools/image_base.sh
 IFS=, read -r -a arches <<<"$ARCHES"
-for arch in "${arches[@]}"; do
-    case "$arch" in amd64|arm64) ;; *) echo "$0: --arch takes amd64 and arm64, got $arch" >&2; exit 2 ;; esac
-    if [ "$arch" = arm64 ] && [ "$(uname -m)" != aarch64 ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
-        [ -e /proc/sys/fs/binfmt_misc/register ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
-        update-binfmts --enable qemu-aarch64 || { echo "$0: arm64 needs qemu-user-static and binfmt-support" >&2; exit 1; }
-    fi
-done
+for arch in "${arches[@]}"; do check_arch "$arch"; done
 
 for arch in "${arches[@]}"; do
-    base=localhost/debian-$arch:bookworm-slim
-    if ! podman image exists "$base"; then
-        say "making the $arch base (mmdebstrap --arch=$arch)"
-        mmdebstrap --arch="$arch" --variant=minbase bookworm "$CACHE/rootfs-$arch.tar" >"$CACHE/mmdebstrap-$arch.log" 2>&1
-        podman import --arch "$arch" "$CACHE/rootfs-$arch.tar" "$base" >/dev/null
-        rm -f "$CACHE/rootfs-$arch.tar"
-    fi
+    base=$(debian_base "$arch")
     out=$TAG
     [ ${#arches[@]} -gt 1 ] && out=$TAG-$arch
     say "building $out for linux/$arch"
