@@ -32,5 +32,6 @@ wheel=$(basename "$WHEELS"/whistle_stream-*.whl)
 say "building $TAG for linux/$ARCH from $base"
 podman build --format docker --platform "linux/$ARCH" --build-arg BUILD_FROM="$base" --build-arg WARM="${WARM:-1}" \
     --build-arg WHISTLE_STREAM_SPEC="/run/wheels/$wheel[server]" --volume "$WHEELS:/run/wheels:ro" \
+    --build-arg WHISTLE_STREAM_SHA256="$(sha256sum "$WHEELS/$wheel" | cut -d' ' -f1)" \
     ${CA:+--volume "$CA:/run/secrets/ca.crt:ro"} -t "$TAG" addon
 say "built $TAG: $(podman image inspect "$TAG" --format '{{.Architecture}}, {{.Size}} bytes')"
