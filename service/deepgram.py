@@ -130,6 +130,7 @@ class Dialect:
     """One session's translation between Deepgram's messages and ours."""
 
     name = "deepgram"
+    turn_over = False
 
     def __init__(self, options: Options, model: str, audio_seconds: Callable[[], float]):
         self.options, self.model = options, model

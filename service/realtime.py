@@ -153,6 +153,7 @@ class Dialect:
     """One Realtime session's translation. `beta`: answer in the beta event names."""
 
     name = "realtime"
+    turn_over = False
 
     def __init__(self, model: str, languages: Sequence[str], audio_seconds: Callable[[], float],
                  beta: bool = False):

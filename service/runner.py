@@ -69,6 +69,7 @@ class WebSocketChannel:
 
 class Dialect(Protocol):
     name: str
+    turn_over: bool   # the dialect decided the turn is over: the session ends as if the client closed it
 
     def incoming(self, frame: Any) -> Any: ...       # a frame -> a core frame, or a P.DialectInput
     def outgoing(self, message: P.ServerMessage) -> list: ...   # a core message -> frames to send
@@ -79,6 +80,7 @@ class NativeDialect:
     """Our own protocol (/v1/listen): frames pass through, messages go out as their JSON."""
 
     name = "native"
+    turn_over = False
 
     def incoming(self, frame):
         return frame
@@ -135,6 +137,13 @@ class SessionRunner:
 
     def _emit(self, messages) -> None:
         self._put(frame for m in messages for frame in self.dialect.outgoing(m))
+        self._end_of_turn()
+
+    def _end_of_turn(self) -> None:
+        """The dialect ended the turn (Wyoming: our VAD heard its end): the session closes now, as
+        if the client had closed it, and the final answer goes out without waiting for it."""
+        if self.dialect.turn_over:
+            self.interrupt("end_of_turn", P.CloseCode.NORMAL)
 
     def _put(self, texts) -> None:
         for text in texts:
@@ -221,6 +230,7 @@ class SessionRunner:
                     received = self.core.receive(message)
                     self._put(out for item in received.work if isinstance(item, Feed) for c in item.chunks
                               if c.first for out in self.dialect.speech_started(c.start))
+                    self._end_of_turn()
                     self._queue(received.work)
                     if received.close:
                         return ("close", P.CloseCode.NORMAL, None)

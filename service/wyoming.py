@@ -21,6 +21,8 @@ from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import AsrModel, AsrProgram, Attribution, Info
 
+from whistle_stream.rules import ends_sentence
+
 from . import protocol as P
 
 DEFAULT_PORT = 10300         # the port Wyoming servers use by convention
@@ -33,6 +35,21 @@ ATTRIBUTION = Attribution(name="Cactus Compute", url="https://huggingface.co/Cac
 # Home Assistant's end-of-speech sensitivities (`vad_sensitivity`) as the silence that ends an
 # utterance: its own lengths (assist_pipeline's VadSensitivity), in milliseconds.
 SENSITIVITY_MS = {"aggressive": 250, "default": 700, "relaxed": 1250}
+# The server ends a transcription's turn itself (`requires_external_vad: false`): at the end of an
+# utterance whose text ends a sentence; one that stops mid-sentence ("set a timer for...") waits
+# this much more silence, in case the rest follows.
+MID_SENTENCE_WAIT_S = 1.0
+
+
+def check_sensitivity(value) -> int | None:
+    """A `transcribe`'s vad_sensitivity as milliseconds of silence (None: not given). Raises
+    ProtocolError naming the accepted values."""
+    if value is None:
+        return None
+    if value not in SENSITIVITY_MS:
+        raise P.ProtocolError(P.ErrorCode.BAD_REQUEST, f"vad_sensitivity {str(value)[:20]!r} is not accepted; "
+                              f"{', '.join(SENSITIVITY_MS)}")
+    return SENSITIVITY_MS[value]
 
 
 def info_event(model: str, languages: Sequence[str], version: str, description: str) -> Event:
@@ -41,7 +58,7 @@ def info_event(model: str, languages: Sequence[str], version: str, description: 
                          version=version, languages=list(languages))
     program = AsrProgram(name="whistle-stream", attribution=ATTRIBUTION, installed=True,
                          description=f"Live speech-to-text: {description}", version=version,
-                         models=[asr_model], supports_transcript_streaming=True)
+                         models=[asr_model], supports_transcript_streaming=True, requires_external_vad=False)
     return Info(asr=[program]).event()
 
 
@@ -102,12 +119,18 @@ class Format:
 
 
 class Dialect:
-    """One transcription's translation, from its `audio-start` to its `audio-stop`."""
+    """One transcription's translation, from its `audio-start` to its `audio-stop`, or to the end
+    of its turn: the utterance our VAD ended, when its text ends a sentence, or MID_SENTENCE_WAIT_S
+    of further silence after one that does not (`turn_over`; the transcript then goes out while the
+    client still sends audio)."""
 
     name = "wyoming"
 
     def __init__(self, audio: Format, language: str | None):
         self.format, self.language = audio, language
+        self.turn_over = False
+        self._last = ""                    # the last text committed ("": none yet)
+        self._waited: int | None = None    # samples since an utterance ended mid-sentence (None: none)
 
     # -- client -> server --------------------------------------------------------------------
     def incoming(self, event: Event):
@@ -115,7 +138,11 @@ class Dialect:
             if Format.of(event) != self.format:
                 raise P.ProtocolError(P.ErrorCode.BAD_AUDIO, "audio-chunk's rate, width and channels differ from "
                                       "its audio-start's; one transcription has one format")
-            return self.format.decode(event.payload or b"").tobytes()   # pcm_f32le at the session's rate
+            samples = self.format.decode(event.payload or b"")
+            if self._waited is not None:
+                self._waited += len(samples)
+                self.turn_over = self._waited >= MID_SENTENCE_WAIT_S * self.format.rate
+            return samples.tobytes()   # pcm_f32le at the session's rate
         if AudioStop.is_type(event.type):
             return P.Close()
         if AudioStart.is_type(event.type):
@@ -125,6 +152,7 @@ class Dialect:
                               "audio-chunk, audio-stop")
 
     def speech_started(self, at: float) -> list:
+        self._waited = None    # the utterance goes on after its pause
         return []
 
     # -- server -> client --------------------------------------------------------------------
@@ -132,6 +160,12 @@ class Dialect:
         if isinstance(message, P.Ready):
             return [TranscriptStart(language=self.language).event()]
         if isinstance(message, P.Committed):
+            self._last = message.text or self._last
+            if message.end_of_speech and self._last:
+                if ends_sentence(self._last):
+                    self.turn_over = True
+                else:
+                    self._waited = 0
             return [TranscriptChunk(text=message.text).event()] if message.text else []
         if isinstance(message, P.Final):
             language = message.language or self.language

@@ -14,6 +14,7 @@ package's own `async_write_event`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -89,6 +90,7 @@ class Connection:
         self.reader, self.writer = reader, writer
         self.lock = asyncio.Lock()
         self.language: str | None = None
+        self.silence_ms: int | None = None          # the next transcription's end of speech (None: the service's)
         self.events: asyncio.Queue | None = None    # the running transcription's events
         self.session: asyncio.Task | None = None
         self.gone = False
@@ -178,7 +180,13 @@ class Connection:
                                          not in languages):
                 await self.error(P.ErrorCode.BAD_REQUEST, P.unknown_language(language, languages))
                 return
+            try:
+                silence_ms = W.check_sensitivity((event.data or {}).get("vad_sensitivity"))
+            except P.ProtocolError as e:
+                await self.error(e.code, e.message)
+                return
             self.language = language.split("-")[0].lower() if language else None
+            self.silence_ms = silence_ms
         elif AudioStart.is_type(event.type):
             await self.start(event)
         elif AudioChunk.is_type(event.type) or AudioStop.is_type(event.type):
@@ -198,9 +206,11 @@ class Connection:
         if refused is not None:
             await self.error(refused.code, refused.message)
             return
-        language, self.language = self.language, None   # a transcribe names the next transcription only
+        # a transcribe names the next transcription only
+        language, silence_ms, self.language, self.silence_ms = self.language, self.silence_ms, None, None
+        limits = app.limits if silence_ms is None else dataclasses.replace(app.limits, end_of_speech_ms=silence_ms)
         self.events = asyncio.Queue()
-        runner = SessionRunner(app, self, W.session_config(audio, language),
+        runner = SessionRunner(app, self, W.session_config(audio, language), limits,
                                make_dialect=lambda core: W.Dialect(audio, language), resumable=False)
         self.session = asyncio.ensure_future(app.run_session(runner))
 
