@@ -66,6 +66,7 @@ class ServiceConfig:
     wyoming_port: int = 0                    # the Wyoming server's TCP port (10300 by convention); 0: off
     wyoming_zeroconf: bool = False           # advertise the Wyoming server over mDNS (_wyoming._tcp.local.)
     wyoming_allow: tuple[str, ...] = ()      # client networks (CIDRs) the Wyoming port admits; empty: any
+    wyoming_end_of_turn: bool = True         # the server ends a transcription when the command ends
 
     def __post_init__(self):
         checks = [
@@ -175,6 +176,8 @@ _HELP = {
     "log_format": "text (for a person), json (one object a line), or auto: text on a terminal, json elsewhere",
     "wyoming_port": "TCP port of the Wyoming server for Home Assistant (10300 by convention; 0: off)",
     "wyoming_zeroconf": "advertise the Wyoming server over zeroconf/mDNS (_wyoming._tcp.local.)",
+    "wyoming_end_of_turn": "end a Wyoming transcription when the command ends, without waiting for audio-stop "
+                           "(Home Assistant then runs no VAD of its own); false: at audio-stop only",
     "wyoming_allow": "client networks (CIDRs) the Wyoming port admits, the only ones; "
                      "needed with --token on an address other than loopback (default: any)",
 }

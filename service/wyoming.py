@@ -52,13 +52,15 @@ def check_sensitivity(value) -> int | None:
     return SENSITIVITY_MS[value]
 
 
-def info_event(model: str, languages: Sequence[str], version: str, description: str) -> Event:
-    """The `info` that answers `describe`: one ASR program with the model, streaming text."""
+def info_event(model: str, languages: Sequence[str], version: str, description: str, end_of_turn: bool) -> Event:
+    """The `info` that answers `describe`: one ASR program with the model, streaming text;
+    end_of_turn: the server ends a transcription itself (no VAD needed on the client)."""
     asr_model = AsrModel(name=model, attribution=ATTRIBUTION, installed=True, description=description,
                          version=version, languages=list(languages))
     program = AsrProgram(name="whistle-stream", attribution=ATTRIBUTION, installed=True,
                          description=f"Live speech-to-text: {description}", version=version,
-                         models=[asr_model], supports_transcript_streaming=True, requires_external_vad=False)
+                         models=[asr_model], supports_transcript_streaming=True,
+                         requires_external_vad=not end_of_turn)
     return Info(asr=[program]).event()
 
 
@@ -126,8 +128,8 @@ class Dialect:
 
     name = "wyoming"
 
-    def __init__(self, audio: Format, language: str | None):
-        self.format, self.language = audio, language
+    def __init__(self, audio: Format, language: str | None, end_of_turn: bool = True):
+        self.format, self.language, self.end_of_turn = audio, language, end_of_turn
         self.turn_over = False
         self._last = ""                    # the last text committed ("": none yet)
         self._waited: int | None = None    # samples since an utterance ended mid-sentence (None: none)
@@ -161,7 +163,7 @@ class Dialect:
             return [TranscriptStart(language=self.language).event()]
         if isinstance(message, P.Committed):
             self._last = message.text or self._last
-            if message.end_of_speech and self._last:
+            if message.end_of_speech and self._last and self.end_of_turn:
                 if ends_sentence(self._last):
                     self.turn_over = True
                 else:

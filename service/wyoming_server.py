@@ -211,7 +211,8 @@ class Connection:
         limits = app.limits if silence_ms is None else dataclasses.replace(app.limits, end_of_speech_ms=silence_ms)
         self.events = asyncio.Queue()
         runner = SessionRunner(app, self, W.session_config(audio, language), limits,
-                               make_dialect=lambda core: W.Dialect(audio, language), resumable=False)
+                               make_dialect=lambda core: W.Dialect(audio, language, app.config.wyoming_end_of_turn),
+                               resumable=False)
         self.session = asyncio.ensure_future(app.run_session(runner))
 
 
@@ -235,7 +236,7 @@ class WyomingServer:
                      "for real voices run Whistle")
         else:
             about = f"Whistle, Cactus Compute's speech-to-text model ({', '.join(languages)})"
-        return W.info_event(app.model_name, languages, app.version, about)
+        return W.info_event(app.model_name, languages, app.version, about, app.config.wyoming_end_of_turn)
 
     async def start(self, host: str, port: int) -> int:
         self.server = await asyncio.start_server(self._connection, host, port, limit=MAX_HEADER_BYTES)

@@ -27,7 +27,10 @@ CHUNK = 1024                 # samples per audio-chunk, as Home Assistant sends 
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
-    with ServerProcess("--token", TOKEN, "--max-sessions", "3", "--wyoming-port", str(port)) as s:
+    # Wyoming here transcribes whole clips, up to the client's audio-stop (test_wyoming_turns.py: the
+    # server ending a command's turn itself, the default)
+    with ServerProcess("--token", TOKEN, "--max-sessions", "3", "--wyoming-port", str(port),
+                       "--wyoming-end-of-turn", "false") as s:
         s.wyoming = port
         yield s
 
@@ -130,6 +133,7 @@ def test_wyoming_describe_says_what_home_assistant_reads(server):
     # what a Home Assistant user reads: the model, its languages, and what the demo model hears
     assert "demo model (en)" in model.description and "synthetic voices" in model.description
     assert model.description in program.description
+    assert program.requires_external_vad is True        # --wyoming-end-of-turn false: the client's VAD ends it
 
 
 def test_wyoming_streams_committed_text_and_reads_as_our_protocol(server, clips, ours):
