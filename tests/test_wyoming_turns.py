@@ -198,3 +198,27 @@ def test_a_bad_vad_sensitivity_is_named_with_what_is_accepted(server):
     event = asyncio.run(run())
     assert event.type == "error" and "vad_sensitivity 'eager' is not accepted; aggressive, default, relaxed" \
         in event.data["text"], event
+
+
+# ---- the benchmark, on its short setting ------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_turns_benchmark_measures_every_dialect_and_the_ratio_to_home_assistant_s_vad():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "benchmarks/turns.py", "--short"], cwd=root, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    out = done.stdout
+    print(out[out.index("commands x"):] if "commands x" in out else out)
+    summary = out[out.index("commands x"):]
+    for dialect in ("wyoming+ha-vad (default)", "wyoming, our end (default)", "wyoming, our end (default), paused",
+                    "realtime+server-vad (600 ms)", "realtime+commit (200 ms)", "native+finalize"):
+        row = next(line for line in summary.splitlines() if line.startswith(dialect + " "))
+        assert re.search(r"p50 +-?\d+ ms +p99 +-?\d+ ms +waits +\d+ ms +after it p50 +-?\d+ ms", row), row
+    assert re.search(r"its VAD / ours \(p50\) = \d+\.\d\dx", summary)
+    assert re.search(r"our end read \d+ of 3 as Home Assistant's VAD did", summary)
