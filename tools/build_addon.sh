@@ -23,8 +23,8 @@ source tools/image_base.sh
 check_arch "$ARCH"
 base=$(debian_base "$ARCH")
 
-WHEELS=$CACHE/addon-wheels
-rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+WHEELS=$(mktemp -d "$CACHE/addon-wheels.XXXXXX")   # this build's own: builds may run side by side
+trap 'rm -rf "$WHEELS"' EXIT
 say "building this checkout's wheel"
 ${PYTHON:-python3} -m pip wheel --quiet --no-deps --wheel-dir "$WHEELS" . \
     || { echo "$0: building the wheel needs pip (Debian: python3-pip, or run it in the project's .venv)" >&2; exit 1; }
