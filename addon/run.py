@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -51,7 +52,9 @@ def serve_args(options: dict, model: str | None) -> list[str]:
     args = ["--host", "0.0.0.0", "--wyoming-port", str(WYOMING_PORT),
             "--wyoming-allow", ",".join([SUPERVISOR_NETWORK, "127.0.0.0/8", "::1", *options["allow"]]),
             "--max-sessions", str(options["max_sessions"]), "--beams", str(options["beam_size"]),
-            "--end-of-speech-ms", str(SENSITIVITY_MS[options["end_of_speech"]])]
+            "--end-of-speech-ms", str(SENSITIVITY_MS[options["end_of_speech"]]),
+            # Wyoming resumes nothing: a secret of this process's own, without the warning for replicas
+            "--resume-secret", secrets.token_hex(16)]
     if options["language"] != "auto":
         args += ["--language", options["language"]]
     if options["keywords"]:
