@@ -141,6 +141,13 @@ class App:
         gc.freeze()
         gc.collect()
         self.collector = asyncio.get_running_loop().create_task(self._collect_garbage())
+        # Wyoming has no readiness probe of its own: it listens (and is announced) once the model is
+        # warm, so that a client never meets a server that cannot transcribe yet
+        c = self.config
+        if self.wyoming is not None and not self.draining:
+            self.wyoming_port = await self.wyoming.start(c.host, c.wyoming_port)
+            if c.wyoming_zeroconf:
+                await self.wyoming.advertise(c.host)
         self.ready = True
         log_event("ready", model=getattr(self.model, "name", "?"), warm_s=round(warmed.seconds, 3),
                   kernels=str(self.model.kernel_path()), compiled=warmed.compiled,
@@ -179,11 +186,6 @@ class App:
         if not self.resume_shared:
             log_event("resume_secret", level=logging.WARNING, detail="no --resume-secret: resume tokens are "
                       "signed with a random secret and resume sessions on this process only")
-        if self.wyoming is not None:
-            port = await self.wyoming.start(c.host, c.wyoming_port)
-            if c.wyoming_zeroconf:
-                await self.wyoming.advertise(c.host)
-            self.wyoming_port = port
         if warm:
             await self.warm()
         return self

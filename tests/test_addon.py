@@ -126,6 +126,7 @@ async def wyoming_transcript(port: int, audio: np.ndarray) -> str:
         while True:
             event = await asyncio.wait_for(client.read_event(), 120)
             assert event is not None, "the connection closed before the transcript"
+            assert event.type != "error", event
             if Transcript.is_type(event.type):
                 return Transcript.from_event(event).text
 

@@ -119,3 +119,19 @@ async def test_without_an_allow_list_the_start_up_says_the_port_is_open(caplog):
         assert any(r.getMessage() == "wyoming_open" for r in caplog.records), caplog.records
     finally:
         await app.drain()
+
+
+async def test_wyoming_listens_only_once_the_model_is_warm():
+    """A client (Home Assistant, the add-on's health check) never meets a Wyoming server that
+    cannot transcribe yet: before the warm-up the port is closed, after it `describe` answers."""
+    port = free_port()
+    app = await build_app(model=FakeWhistle(), config=ServiceConfig(port=0, processes=1, workers=1,
+                                                                    wyoming_port=port)).start(warm=False)
+    try:
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
+        await app.warm()
+        info = await _describe(port)
+        assert info is not None and info.type == "info" and app.wyoming_port == port
+    finally:
+        await app.drain()
