@@ -30,6 +30,7 @@ from typing import Callable
 from websockets.asyncio.server import Server, serve as ws_serve
 
 from whistle_stream import __version__, allocator
+from whistle_stream.dims import check_language
 from whistle_stream.errors import ExitStatus
 from whistle_stream.frontend import warm_signal
 from whistle_stream.results import Warmup
@@ -101,9 +102,10 @@ class App:
         try:
             if self.model is None:
                 self.model = load_engine(self.config)
-            language, languages = self.config.language, self.model.dims.languages
-            if language is not None and language not in languages:
-                raise ValueError(f"--language: {P.unknown_language(language, languages)}")
+            try:
+                check_language(self.config.language, self.model.dims.languages)
+            except ValueError as e:
+                raise ValueError(f"--language: {e}") from None
             warmed = self.model.warmup()   # every kernel compiled once (cache=True makes later starts fast)
         finally:
             done.set()

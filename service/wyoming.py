@@ -36,20 +36,12 @@ ATTRIBUTION = Attribution(name="Cactus Compute", url="https://huggingface.co/Cac
 # utterance: its own lengths (assist_pipeline's VadSensitivity), in milliseconds.
 SENSITIVITY_MS = {"aggressive": 250, "default": 700, "relaxed": 1250}
 # The server ends a transcription's turn itself (`requires_external_vad: false`), smarter than a
-# timer because it knows what was said: an utterance whose text ends a sentence ends the turn after
-# SENTENCE_END_SHARE of the turn's silence (the sensitivity's); one that stops mid-sentence ("set a
-# timer for...") waits the rest of that silence and MID_SENTENCE_WAIT_S more, in case the rest follows.
-# The share is whole: a reading cut at a pause inside a command often closes itself with a full
-# stop, so a shorter silence would end such turns early (benchmarks/turns.py measures both cases).
-SENTENCE_END_SHARE = 1.0
+# timer because it knows what was said: an utterance whose text ends a sentence ends the turn at
+# the turn's silence (the sensitivity's); one that stops mid-sentence ("set a timer for...") waits
+# MID_SENTENCE_WAIT_S more, in case the rest follows. A sentence's end gets no shorter silence: a
+# reading cut at a pause inside a command often closes itself with a full stop of its own
+# (benchmarks/turns.py measures commands with such a pause).
 MID_SENTENCE_WAIT_S = 1.0
-
-
-def turn_silences(turn_ms: int) -> tuple[int, float]:
-    """A turn's silence as (the VAD's end of an utterance, ms; the further wait after one that stops
-    mid-sentence, seconds)."""
-    utterance_ms = max(30, round(turn_ms * SENTENCE_END_SHARE))
-    return utterance_ms, (turn_ms - utterance_ms) / 1000 + MID_SENTENCE_WAIT_S
 
 
 def check_sensitivity(value) -> int | None:
@@ -133,16 +125,14 @@ class Format:
 
 class Dialect:
     """One transcription's translation, from its `audio-start` to its `audio-stop`, or to the end
-    of its turn: the utterance our VAD ended, when its text ends a sentence, or `mid_sentence_wait_s`
+    of its turn: the utterance our VAD ended, when its text ends a sentence, or MID_SENTENCE_WAIT_S
     of further silence after one that does not (`turn_over`; the transcript then goes out while the
     client still sends audio)."""
 
     name = "wyoming"
 
-    def __init__(self, audio: Format, language: str | None, end_of_turn: bool = True,
-                 mid_sentence_wait_s: float = MID_SENTENCE_WAIT_S):
+    def __init__(self, audio: Format, language: str | None, end_of_turn: bool = True):
         self.format, self.language, self.end_of_turn = audio, language, end_of_turn
-        self.mid_sentence_wait_s = mid_sentence_wait_s
         self.turn_over = False
         self._last = ""                    # the last text committed ("": none yet)
         self._waited: int | None = None    # samples since an utterance ended mid-sentence (None: none)
@@ -156,7 +146,7 @@ class Dialect:
             samples = self.format.decode(event.payload or b"")
             if self._waited is not None:
                 self._waited += len(samples)
-                self.turn_over = self._waited >= self.mid_sentence_wait_s * self.format.rate
+                self.turn_over = self._waited >= MID_SENTENCE_WAIT_S * self.format.rate
             return samples.tobytes()   # pcm_f32le at the session's rate
         if AudioStop.is_type(event.type):
             return P.Close()

@@ -208,14 +208,11 @@ class Connection:
             return
         # a transcribe names the next transcription only
         language, silence_ms, self.language, self.silence_ms = self.language, self.silence_ms, None, None
-        turn_ms = app.limits.end_of_speech_ms if silence_ms is None else silence_ms
+        limits = app.limits if silence_ms is None else dataclasses.replace(app.limits, end_of_speech_ms=silence_ms)
         end_of_turn = app.config.wyoming_end_of_turn
-        utterance_ms, mid_wait_s = W.turn_silences(turn_ms) if end_of_turn else (turn_ms, 0.0)
-        limits = dataclasses.replace(app.limits, end_of_speech_ms=utterance_ms)
         self.events = asyncio.Queue()
         runner = SessionRunner(app, self, W.session_config(audio, language), limits,
-                               make_dialect=lambda core: W.Dialect(audio, language, end_of_turn, mid_wait_s),
-                               resumable=False)
+                               make_dialect=lambda core: W.Dialect(audio, language, end_of_turn), resumable=False)
         self.session = asyncio.ensure_future(app.run_session(runner))
 
 
