@@ -861,6 +861,58 @@ def spliced_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
     return _with_channel(items, mix, seed, "spliced")
 
 
+PAUSE_RANGE = (0.2, 1.5)  # seconds of silence a "paused" clip puts inside its sentence
+
+
+def paused_items(n: int, seed: int = 0, voices: str = "core") -> list[dict]:
+    """n extra training clip specs, voices drawn by VOICE_MIXES[voices], from their own sentence
+    stream (test pool removed): speech as people pause in it.
+
+    60 % "paused": a sentence cut at one or two word boundaries, each piece spoken by the same voice
+    setting, PAUSE_RANGE seconds of silence between them; the transcript the whole sentence ("Set a
+    timer for ... twelve minutes.").
+    30 % "fragment": the first words of a sentence spoken alone, then silence; the transcript those
+    words ("Set a timer for"): what a reader hears when the speaker stops mid-sentence.
+    10 % "fragment" of one word: a word said alone is that word, not a sentence that holds it.
+    """
+    rng, reserved, mix = _rng(seed, "paused"), _reserved(seed), voice_mix(voices)
+    source = _rng(seed, "paused-sentences")
+    items = []
+    for i in range(n):
+        text = _fresh_sentence(source, reserved)
+        while len(text.split()) < 2:
+            text = _fresh_sentence(source, reserved)
+        count, r = len(text.split()), rng.random()
+        item = {"source": text, "voice": mix.pick(rng), "seed": int(_rng(seed, "paused", i).integers(2 ** 31))}
+        if r < 0.6:
+            cuts = rng.choice(np.arange(1, count), size=min(int(rng.integers(1, 3)), count - 1), replace=False)
+            item.update(kind="paused", cuts=sorted(int(c) for c in cuts))
+        else:
+            item.update(kind="fragment", keep=1 if r >= 0.9 else int(rng.integers(1, count)))
+        items.append(item)
+    return _with_channel(items, mix, seed, "paused")
+
+
+def _paused_clip(item: dict, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    """make_mixed_clip for a paused_items() spec."""
+    words = item["source"].split()
+    voice_seed = int(rng.integers(2 ** 31))  # one speed and pitch for every piece of the clip
+    if item["kind"] == "fragment":
+        text = _prefix_text(words[:item["keep"]])
+        speech = synthesize(text, item["voice"], np.random.default_rng(voice_seed))
+        return augment(_channelled(speech, item["seed"], item.get("channel", False)), rng), text
+    bounds = [0, *item["cuts"], len(words)]
+    pieces = []
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        speech = synthesize(" ".join(words[a:b]), item["voice"], np.random.default_rng(voice_seed))
+        first, last = speech_span(speech)
+        if k:
+            pieces.append(np.zeros(int(rng.uniform(*PAUSE_RANGE) * RATE), np.float32))
+        pieces.append(speech[first:last])
+    audio = _channelled(np.concatenate(pieces), item["seed"], item.get("channel", False))
+    return augment(audio, rng), item["source"]
+
+
 @lru_cache(maxsize=1)
 def _spellings() -> dict[str, str]:
     """Each grammar word (lower case, hyphenated numbers split) and how the grammar writes it inside
@@ -962,6 +1014,8 @@ def make_mixed_clip(item: dict, spans: list | None = None) -> tuple[np.ndarray, 
         return augment(audio, rng, trailing=False), _prefix_text(words[:keep])
     if item["kind"] == "window":
         return _window_clip(item, rng)
+    if item["kind"] in ("paused", "fragment"):
+        return _paused_clip(item, rng)
     if item["kind"] == "spliced":
         voice_seed = int(rng.integers(2 ** 31))  # one speed and pitch for every word of the clip
         pieces, placed, at = [], [], 0

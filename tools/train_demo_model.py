@@ -701,6 +701,9 @@ def main(argv=None) -> None:
     ap.add_argument("--order-seed", type=int,
                     help="seed of the batch order, speed perturbation and SpecAugment masks (default: --seed, "
                          "which also draws the clips and the tokenizer): two fine-tunes of one start on one data")
+    ap.add_argument("--paused", type=int, default=0,
+                    help="extra training clips from demo_data.paused_items: sentences with 0.2-1.5 s pauses "
+                         "inside, and sentence fragments and single words as their own clips")
     ap.add_argument("--window", type=int, default=0,
                     help="extra training clips from demo_data.window_items: 20-29 s of sentences shaped like a "
                          "long-audio window, half starting and 60 %% ending at a cut inside a sentence")
@@ -796,12 +799,15 @@ def main(argv=None) -> None:
     if args.scrambled:
         manifests["scrambled"] = demo_data.write_split(
             demo_data.scrambled_items(args.scrambled, args.seed, args.voices), args.data, "scrambled" + suffix)
+    if args.paused:
+        manifests["paused"] = demo_data.write_split(demo_data.paused_items(args.paused, args.seed, args.voices),
+                                                    args.data, "paused" + suffix)
     if args.window:
         manifests["window"] = demo_data.write_split(demo_data.window_items(args.window, args.seed, args.voices),
                                                     args.data, "window" + suffix)
     splits = {k: load_split(v) for k, v in manifests.items()}
     mixed = (splits.pop("mixed", []) + splits.pop("spliced", []) + splits.pop("scrambled", [])
-             + splits.pop("window", []))
+             + splits.pop("window", []) + splits.pop("paused", []))
     minutes = sum(len(r["pcm"]) for r in splits["train"]) / demo_data.RATE / 60
     mixed_minutes = sum(len(r["pcm"]) for r in mixed) / demo_data.RATE / 60
     log(f"clips train {len(splits['train'])} ({minutes:.1f} min) + mixed {len(mixed)} ({mixed_minutes:.1f} min)  validation {len(splits['validation'])}"
