@@ -28,11 +28,12 @@ ENGINE_ROOT = "WHISTLE_BENCH_ENGINE_ROOT"
 
 
 class _CheckoutFinder:
-    """Finds whistle_stream.service and whistle_stream.clients in one checkout's service/ and
-    clients/ folders (a meta path finder ahead of the others)."""
+    """Finds whistle_stream.service, .clients and .cli in one checkout's service/, clients/ and
+    cli/ folders (a meta path finder ahead of the others)."""
 
     def __init__(self, root: Path):
-        self.folders = {"whistle_stream.service": root / "service", "whistle_stream.clients": root / "clients"}
+        self.folders = {"whistle_stream.service": root / "service", "whistle_stream.clients": root / "clients",
+                        "whistle_stream.cli": root / "cli"}
 
     def find_spec(self, name, path=None, target=None):
         from importlib.util import spec_from_file_location
@@ -44,7 +45,7 @@ class _CheckoutFinder:
 
 
 def import_checkout(root: Path) -> None:
-    """Make this process import whistle_stream, its service and its clients from the checkout
+    """Make this process import whistle_stream, its service, clients and CLI from the checkout
     `root`. The engine package is found on sys.path; the service and clients live in folders of
     their own that the editable install maps to the installed checkout's, whatever sys.path
     says, so a server of another checkout ran that checkout's engine under this one's service."""

@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from whistle_stream.results import KernelPath, StreamUpdate, Warmup
+from whistle_stream.rules import CONTEXT_PAUSE_S
 
 from . import protocol as P
 from . import resume as R
@@ -57,7 +58,9 @@ class EngineStream(Protocol):
     # without the last pass's reading
     def checkpoint(self, compact: bool = False) -> dict: ...
     # audio: the utterance's last audio, fed first, its passes left to the finalize
-    def finalize(self, audio: np.ndarray | None = None) -> StreamUpdate: ...
+    # keep_context: the VAD ended the utterance, not the speaker's sentence (the passes after it
+    # still read words that stop mid-sentence)
+    def finalize(self, audio: np.ndarray | None = None, keep_context: bool = False) -> StreamUpdate: ...
     def finish(self, audio: np.ndarray | None = None) -> StreamUpdate: ...
     def configure(self, keywords=None) -> None: ...
 
@@ -242,6 +245,7 @@ class SessionCore:
         self.stream: EngineStream | None = None
         self.failed = False            # the engine raised: no more engine calls
         self._utterance_fed = False    # audio of the current utterance reached the engine
+        self._said_until: float | None = None  # session seconds where the audio fed last ended
         self._passes_seen = 0
         # (session seconds received so far, clock time): appended by the cheap half (the event
         # loop's thread), read by the engine half (a pool thread), so always under the lock
@@ -495,7 +499,7 @@ class SessionCore:
             if not self._utterance_fed:
                 return []
             self._utterance_fed = False
-            return self._publish(self._live.finalize(audio), end_of_speech=True)
+            return self._publish(self._live.finalize(audio, keep_context=True), end_of_speech=True)
         if isinstance(item, FinalizeNow):
             return self._publish(self._live.finalize(audio), final="finalize")
         if isinstance(item, Reconfigure):
@@ -530,9 +534,14 @@ class SessionCore:
             if first is None:
                 return self._run(then) if then is not None else []
             chunks = chunks[first:]
+            if self._said_until is not None and chunks[0].start - self._said_until > CONTEXT_PAUSE_S:
+                # The engine does not hear the VAD's silences: a pause this long ends the sentence
+                # before it for the reader too (the stream keeps no context past it).
+                self._live.finalize()
         for c in chunks:
             self.time_map.add(c)
         self._utterance_fed = True
+        self._said_until = chunks[-1].start + len(chunks[-1].audio) / self.rate
         audio = chunks[0].audio if len(chunks) == 1 else np.concatenate([c.audio for c in chunks])
         if then is not None:
             return self._run(then, audio)

@@ -242,8 +242,8 @@ class RemoteStream:
     def feed(self, audio: np.ndarray, catch_up: bool = False) -> StreamUpdate:
         return self._call("feed", _samples(audio), catch_up=catch_up)
 
-    def finalize(self, audio: np.ndarray | None = None) -> StreamUpdate:
-        return self._call("finalize", _samples(audio))
+    def finalize(self, audio: np.ndarray | None = None, keep_context: bool = False) -> StreamUpdate:
+        return self._call("finalize", _samples(audio), keep_context=keep_context)
 
     def finish(self, audio: np.ndarray | None = None) -> StreamUpdate:
         return self._call("finish", _samples(audio))

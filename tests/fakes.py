@@ -45,6 +45,7 @@ class FakeStream:
         self.feeds = []            # lengths of every feed call, for tests
         self.catch_ups = 0         # feed calls asked to catch up (SessionCore._behind)
         self.finals = []           # samples each finalize/finish call was given with it, for tests
+        self.kept = []             # keep_context of each finalize call
 
     def _words_heard(self) -> int:
         return int(self.passed / self.model.dims.rate / self.model.word_s)
@@ -90,8 +91,9 @@ class FakeStream:
         commit_to = max(self.committed, self._words_heard() - self.model.tail)
         return self._result(commit_to, pass_ms)
 
-    def finalize(self, audio: np.ndarray | None = None) -> StreamUpdate:
+    def finalize(self, audio: np.ndarray | None = None, keep_context: bool = False) -> StreamUpdate:
         self.finals.append(0 if audio is None else len(audio))
+        self.kept.append(keep_context)
         if audio is not None:   # fed without its passes: the finalize's one pass reads it all
             self.feeds.append(len(audio))
             self.received += len(audio)

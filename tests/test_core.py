@@ -332,3 +332,24 @@ def test_a_session_that_names_no_language_or_keywords_takes_the_services():
         assert (stream.language, stream.keywords, stream.beams) == (language, keywords, 2)
     SessionCore(model, P.SessionConfig(), SessionLimits(), clock=Clock()).open()
     assert (model.streams[-1].language, model.streams[-1].keywords, model.streams[-1].beams) == (None, [], 5)
+
+
+def test_an_end_of_speech_keeps_the_sentence_and_a_long_pause_or_a_finalize_does_not():
+    """The VAD ends an utterance, not the speaker's sentence: its finalize keeps the words before a
+    short pause for the passes after it (`keep_context`). After a pause longer than
+    CONTEXT_PAUSE_S (the engine never hears the VAD's silences) the stream is told to start
+    afresh before the next speech; a client's finalize always starts afresh."""
+    from whistle_stream.rules import CONTEXT_PAUSE_S
+
+    core, model = open_core()
+    send(core, voiced(1.0))
+    send(core, np.zeros(int(1.0 * RATE), np.float32))               # end of speech after 600 ms
+    stream = model.streams[0]
+    assert stream.kept == [True]
+    send(core, voiced(1.0))
+    send(core, np.zeros(int((CONTEXT_PAUSE_S + 1.0) * RATE), np.float32))
+    assert stream.kept == [True, True]
+    send(core, voiced(1.5))                                           # after the long pause
+    assert stream.kept == [True, True, False] and stream.finals[-1] == 0
+    core.control('{"type": "finalize"}')
+    assert stream.kept[-1] is False

@@ -507,7 +507,7 @@ def test_a_pass_is_given_the_utterances_committed_words_to_read_first(monkeypatc
     none; the words committed are the same either way."""
     monkeypatch.setattr(streaming, "PREFILL_MIN_WORDS", 3)             # the script's utterances are short
     speech, _ = scripted_audio(12, seed=2, pause=(0.05, 0.12))
-    audio = np.concatenate([speech, np.zeros(2 * RATE, np.float32), speech])
+    audio = np.concatenate([speech, np.zeros(3 * RATE, np.float32), speech])   # past CONTEXT_PAUSE_S
 
     def run(prefill: bool):
         model = FakeModel()
@@ -524,7 +524,7 @@ def test_a_pass_is_given_the_utterances_committed_words_to_read_first(monkeypatc
     assert given and min(len(p) for p in given) >= 3 and max(len(p) for p in given) >= 5
     # each a run of the committed words, in order (an utterance's, from its first)
     assert all(any(words[k:k + len(p)] == p for k in range(len(words))) for p in given)
-    second = len(speech) / RATE + 2.0                                    # the pause: a new utterance
+    second = len(speech) / RATE + 3.0                                    # the pause: a new utterance
     assert not prefixes[int(second)] and not prefixes[int(second) + 1]
     plain_prefixes, plain_words = run(False)
     assert not any(plain_prefixes) and plain_words == words
@@ -646,3 +646,102 @@ def test_a_finalize_right_after_a_pass_that_stopped_at_a_pause_reads_what_follow
     words = [w["word"] for w in session.feed(audio[: 9 * RATE])["words"]]
     words += [w["word"] for w in session.finalize()["words"]]
     assert [w.rstrip(".") for w in words[:9]] == [t[0] for t in truth[:9]]
+
+
+# ---- pauses inside a sentence ------------------------------------------------------------------
+
+def _said(*parts) -> np.ndarray:
+    """Audio from (kind, seconds) parts: ("w", k) a 0.4 s word w{k} and 0.05 s of silence, ("z", s)
+    s seconds of silence."""
+    out = []
+    for kind, value in parts:
+        if kind == "w":
+            out += [np.full(int(0.4 * RATE), UNIT * (value + 1), np.float32), np.zeros(int(0.05 * RATE), np.float32)]
+        else:
+            out.append(np.zeros(int(value * RATE), np.float32))
+    return np.concatenate(out)
+
+
+class Listening(FakeModel):
+    """Records which words each pass heard (the fake's reading of the pass's audio)."""
+
+    def __init__(self):
+        super().__init__()
+        self.heard: list[list[str]] = []
+
+    def transcribe_words(self, audio, *args, **kwargs):
+        result = super().transcribe_words(audio, *args, **kwargs)
+        self.heard.append([w["word"] for w in result["words"]])
+        return result
+
+
+def _stream(model, audio, chunk=1600):
+    trims: list[float] = []
+    session = StreamSession(model, on_trim=trims.append)
+    out = [session.feed(audio[i:i + chunk]) for i in range(0, len(audio), chunk)]
+    out.append(session.finish())
+    return [w["word"] for d in out for w in d["words"]], trims, session
+
+
+def test_a_pause_inside_a_sentence_keeps_its_first_words_in_the_passes_after_it():
+    """w0 w1, a 0.8 s pause, w2 w3 w4. (w4 ends the sentence): the pause commits w0 w1 but their
+    audio stays, so the passes after it read the sentence whole; the buffer is cut only after w4."""
+    model = Listening()
+    audio = _said(("z", 0.3), ("w", 0), ("w", 1), ("z", 0.8), ("w", 2), ("w", 3), ("w", 4), ("z", 1.2),
+                  ("w", 5), ("z", 1.0))
+    words, trims, _ = _stream(model, audio)
+    assert words == ["w0", "w1", "w2", "w3", "w4.", "w5"]              # each once, in order
+    assert any(h[:3] == ["w0", "w1", "w2"] for h in model.heard)      # a pass read across the pause
+    sentence_end = 0.3 + 5 * 0.45 + 0.8
+    assert trims and all(t >= sentence_end for t in trims)            # no cut inside the sentence
+    assert not any("w0" in h and "w5" in h for h in model.heard)      # none past its end
+
+
+def test_without_the_context_the_same_words_are_committed():
+    """The words a stream commits do not depend on whether the passes re-read the sentence's start
+    (the policy sets the committed words aside), for the scripted streams of this file."""
+    for seed in (2, 5, 9):
+        audio, truth = scripted_audio(30, seed=seed, pause=(0.5, 0.9))
+        words, _, _ = _stream(FakeModel(), audio)
+        assert [w.rstrip(".") for w in words] == [t[0] for t in truth], seed
+
+
+def test_the_context_ends_after_a_long_pause_and_past_ten_seconds():
+    from whistle_stream.rules import CONTEXT_PAUSE_S, CONTEXT_S
+
+    model = Listening()
+    long_pause = _said(("z", 0.3), ("w", 0), ("w", 1), ("z", CONTEXT_PAUSE_S + 1.5), ("w", 2), ("z", 1.0))
+    words, _, _ = _stream(model, long_pause)
+    assert words == ["w0", "w1", "w2"]
+    assert not any("w0" in h and "w2" in h for h in model.heard)      # w2 read without w0 w1
+    # a sentence that has run on for longer than CONTEXT_S without ending
+    model = Listening()
+    n = int(CONTEXT_S / 1.1) + 2
+    parts = [("z", 0.3)] + [p for k in range(n) for p in (("w", 5 * k), ("w", 5 * k + 1), ("z", 0.7))]
+    words, _, _ = _stream(model, _said(*parts, ("z", 1.0)))
+    assert len(words) == 2 * n and len(set(words)) == 2 * n
+    assert max(len(h) for h in model.heard) <= 2 * (int(CONTEXT_S / 1.1) + 1)
+
+
+def test_a_restored_stream_keeps_the_context_of_the_checkpoint():
+    audio = _said(("z", 0.3), ("w", 0), ("w", 1), ("z", 0.8), ("w", 2), ("w", 3), ("w", 4), ("z", 1.2))
+    plain, plain_text = _resumed_run(audio, [])
+    for cut in range(3, len(audio) // 1600):
+        words, text = _resumed_run(audio, [cut])
+        assert words == plain and text == plain_text, cut
+
+
+def test_a_vad_end_of_speech_keeps_the_context_and_a_client_finalize_does_not():
+    model = Listening()
+    session = StreamSession(model)
+    session.feed(_said(("z", 0.3), ("w", 0), ("w", 1)))
+    first = session.finalize(_said(("z", 0.5)), keep_context=True)
+    assert [w["word"] for w in first["words"]] == ["w0", "w1"]
+    second = session.finalize(_said(("w", 2), ("w", 3), ("w", 4), ("z", 0.5)), keep_context=True)
+    assert [w["word"] for w in second["words"]] == ["w2", "w3", "w4."]
+    assert model.heard[-1][:3] == ["w0", "w1", "w2"]
+    session = StreamSession(model := Listening())
+    session.feed(_said(("z", 0.3), ("w", 0), ("w", 1)))
+    session.finalize(_said(("z", 0.5)))
+    session.finalize(_said(("w", 2), ("z", 0.5)))
+    assert model.heard[-1] == ["w2"]

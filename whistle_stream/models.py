@@ -9,6 +9,7 @@ The cache directory is `$WHISTLE_CACHE`, else `$XDG_CACHE_HOME/whistle-stream`, 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -122,6 +123,8 @@ class ModelFile:
         self.dims = self.cact.dims
         self.tokenizer = self.cact.tokenizer
         self.mel = np.ascontiguousarray(self.cact.mel)
+        self.card = read_card(self.path)
+        self.sentences_per_pass = card_sentences_per_pass(self.card, self.path)
 
     @property
     def name(self) -> str:
@@ -145,6 +148,37 @@ class ModelFile:
         """`is_speech` on samples already sanitised (`load_audio`'s): no second copy of them."""
         d = self.dims
         return frontend.is_speech(pcm, self.mel, d.rate, d.hop, d.win)
+
+
+CARD_SENTENCES_PER_PASS = "sentences_per_pass"
+
+
+def read_card(model: Path) -> dict:
+    """The model's card: the JSON file beside it with its name (`demo.json` for `demo.cact`), or
+    {} when there is none. Raises ModelNotFoundError for a card that is not a JSON object."""
+    path = model.with_suffix(".json")
+    if not path.is_file():
+        return {}
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelNotFoundError(f"the model card {path} is not readable JSON ({e}); fix or remove it") from e
+    if not isinstance(card, dict):
+        raise ModelNotFoundError(f"the model card {path} is not a JSON object; fix or remove it")
+    return card
+
+
+def card_sentences_per_pass(card: dict, model: Path) -> int | None:
+    """How many sentences the model reads well in one pass, as its card says (None: as many as a
+    30 s window holds). A small model trained on single sentences reads one: the file reader then
+    packs a pass's utterances up to a sentence end, not up to 30 s."""
+    value = card.get(CARD_SENTENCES_PER_PASS)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelNotFoundError(f"the model card of {model}: {CARD_SENTENCES_PER_PASS} must be a whole "
+                                 f"number of sentences, 1 or more (or absent), got {value!r}")
+    return value
 
 
 def _existing(path: Path, what: str) -> Path:

@@ -27,9 +27,14 @@ PAUSE_FRAME = 320           # samples at 16 kHz: the 20 ms frames pauses are mea
 BEAMS = 5                   # the guide's beam width (§6): every search that does not say otherwise
 MAX_BEAMS = 16              # the widest search any caller may ask for
 PAUSE_S = 0.45              # quiet frames (`LOUDNESS.pause_db`) this long make a pause between utterances
+# A pause inside a sentence ends an utterance, not the sentence: the passes after it still read the
+# words before it (their audio stays in the stream's buffer), back to the sentence's start, when
+# that lies at most CONTEXT_S before the pause and the pause lasts at most CONTEXT_PAUSE_S.
+CONTEXT_S = 10.0
+CONTEXT_PAUSE_S = 1.5
 # How `transcribe` reads a clip, the first the default everywhere (Python API, CLI, server):
-# "utterances" cuts at the clip's pauses and reads each alone, as a stream does; "windows" runs the
-# guide's 30 s windows (§8) exactly.
+# "utterances" reads up to 30 s in one pass and longer audio cut at its pauses, in passes of whole
+# utterances; "windows" runs the guide's 30 s windows (§8) exactly.
 READ_BY = ("utterances", "windows")
 
 

@@ -3,11 +3,12 @@
 A pass runs each time another `step_s` of audio has been *received* (audio time, not arrival
 time) and sees exactly the audio up to that point, so the output does not depend on how the audio
 was chunked. Each pass re-transcribes the buffer with word times; `commit.CommitPolicy` commits the
-words two consecutive passes agree on. The buffer starts at the current utterance: it is cut only
-at utterance boundaries (a pause, where the words before it are committed, or a finalize), never in
-the middle of a sentence, so each pass hears whole sentences as the model was trained on them and
-re-reads the committed start of the current one (the policy sets those words aside, by text where
-the pass repeats them, else by time). So pass
+words two consecutive passes agree on. The buffer starts at the current sentence: it is cut only at
+the end of an utterance (a pause, where the words before it are committed, or a finalize) whose
+words end a sentence, never in the middle of one. A pause inside a sentence commits the words
+before it but keeps their audio (`rules.CONTEXT_S`, `CONTEXT_PAUSE_S`), so each pass hears whole
+sentences as the model was trained on them and re-reads the committed start of the current one
+(the policy sets those words aside, by text where the pass repeats them, else by time). So pass
 time does not grow with the length of the stream, and the buffer never exceeds `MAX_BUFFER_S`
 (past it, the oldest words are committed by the long-audio cut rule and their audio dropped).
 """
@@ -23,7 +24,8 @@ import numpy as np
 from .commit import CommitPolicy
 from .results import StreamUpdate, Word
 from .longform import cut_point
-from .rules import LOUDNESS, PAUSE_S, WINDOW_S, frame_levels, quiet_under, quiet_runs, speech_level
+from .rules import (CONTEXT_PAUSE_S, CONTEXT_S, LOUDNESS, PAUSE_S, WINDOW_S, ends_sentence, frame_levels,
+                    quiet_under, quiet_runs, speech_level)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .whistle import Whistle
@@ -128,6 +130,9 @@ class StreamSession:
         self._pending: list[Word] = []
         self._speech_level = 0.0  # frame RMS (90th percentile) of the last pass that heard speech
         self._pause_at: int | None = None  # an utterance end (sample) waiting for a second reading
+        # The end (sample) of an utterance that stopped mid-sentence: its words are committed, their
+        # audio kept for the passes after it, which read the sentence whole.
+        self._context_at: int | None = None
         self.passes = 0
         self.pass_seconds_total = 0.0
         self._committed_words = 0  # words committed so far: later text pieces open with a space
@@ -147,7 +152,8 @@ class StreamSession:
         return {"v": 1, "rate": int(self.rate), "step": int(self.step), "buffer_start": int(self._buffer_start),
                 "received": int(self._received), "next_pass": int(self._next_pass), "heard_to": int(self._heard_to),
                 "speech_level": float(self._speech_level),
-                "pause_at": None if self._pause_at is None else int(self._pause_at), "language": self.language,
+                "pause_at": None if self._pause_at is None else int(self._pause_at),
+                "context_at": None if self._context_at is None else int(self._context_at), "language": self.language,
                 "revision": int(self.revision), "committed_words": int(self._committed_words),
                 "passes": int(self.passes), "policy": policy}
 
@@ -173,6 +179,7 @@ class StreamSession:
             session._heard_to = int(state.get("heard_to", session._next_pass - session.step))
             session._speech_level = float(state["speech_level"])
             session._pause_at = None if state.get("pause_at") is None else int(state["pause_at"])
+            session._context_at = None if state.get("context_at") is None else int(state["context_at"])
             session.revision = int(state["revision"])
             session._committed_words = int(state["committed_words"])
             session.passes = int(state.get("passes", 0))
@@ -234,15 +241,29 @@ class StreamSession:
     def _utterance_end(self, audio: np.ndarray, new: int) -> int | None:
         """Where an utterance ends in `audio` (a pass's buffer): the middle of the last pause that
         ends in its newest `new` samples (the audio since the pass before), or None."""
-        return last_pause(audio, self.rate, len(audio) - new, leading=False)
+        return self._pause_after(audio, len(audio) - new)
 
-    def finalize(self, audio=None) -> StreamUpdate:
+    def _pause_after(self, audio: np.ndarray, since: int) -> int | None:
+        """`last_pause` of a pass's buffer after sample `since`, among the audio after the kept
+        context (the pause that ended the context's utterance ends no other)."""
+        kept = self._kept(audio)
+        gap = last_pause(audio[kept:], self.rate, max(0, since - kept), leading=False)
+        return None if gap is None else kept + gap
+
+    def _kept(self, audio: np.ndarray) -> int:
+        """Samples of `audio` (from the buffer start) that are kept context, 0 when none."""
+        return 0 if self._context_at is None else min(len(audio), max(0, self._context_at - self._buffer_start))
+
+    def finalize(self, audio=None, keep_context: bool = False) -> StreamUpdate:
         """Commit the pending tail now (end of an utterance) and keep streaming.
 
         audio: the utterance's last audio, appended first: `feed(audio)` then `finalize()` in
         one call, without the passes the feed would run only for the finalize to read the same
         utterance again at once (a pass at a step end runs where it would find an utterance's end,
-        as with feed's catch_up, and where the buffer must be cut; not at the newest step end)."""
+        as with feed's catch_up, and where the buffer must be cut; not at the newest step end).
+        keep_context: the utterance ended at a pause (a VAD's end of speech), not the speaker's
+        sentence: when its words stop mid-sentence, the passes after it still read them, as after
+        a pause the stream finds itself. Without it the next utterance starts afresh."""
         self._check_open()
         out = self._empty()
         if audio is not None:
@@ -250,17 +271,18 @@ class StreamSession:
             self._passes_before_end(out)
         if self._pause_at is not None:  # an utterance end waiting for a second reading: final now
             self._commit(self.policy.commit_through(self._pause_at / self.rate), out)
-            self._cut_utterance(self._pause_at)
+            self._end_utterance(self._pause_at, keep_context)
             self._pause_at = None
         if self._received > self._heard_to:
-            start = -1
+            state = None
             # A pass that ends an utterance at a pause hears only the audio before it; the rest of
             # the buffer (the start of the next utterance) gets its own pass before the flush.
-            while start != self._buffer_start and np.any(np.abs(self._buffer) >= DIGITAL_SILENCE):
-                start = self._buffer_start
+            while self._heard_to < self._received and state != self._reader_state() \
+                    and np.any(np.abs(self._buffer) >= DIGITAL_SILENCE):
+                state = self._reader_state()
                 self._pass_and_report(self._received, out, closing=True, since=self._last_pass_end())
         self._commit(self.policy.flush(), out)
-        self._cut_utterance(self._received)
+        self._end_utterance(self._received, keep_context)
         if self._next_pass <= self._received:  # passes skipped before the end: the grid goes on after it
             self._next_pass = self._newest_step_end() + self.step
         return self._finish_dict(out)
@@ -270,6 +292,10 @@ class StreamSession:
         out = self.finalize(audio)
         self.closed = True
         return out
+
+    def _reader_state(self) -> tuple:
+        """Where the reader stands: a pass that changes none of it made no progress."""
+        return self._buffer_start, self._heard_to, self._context_at, self._pause_at
 
     def _append(self, audio) -> None:
         samples = self.model.load_audio(audio)
@@ -340,14 +366,15 @@ class StreamSession:
             # The previous pass found the utterance's end but its reading was not yet confirmed:
             # this pass reads it again, up to the middle of the same pause as it stands now.
             stored = self._pause_at - self._buffer_start
-            gap = last_pause(audio, self.rate, max(0, stored - 1), leading=False)
+            gap = self._pause_after(audio, max(0, stored - 1))
             gap = stored if gap is None else gap
         heard = audio if gap is None else audio[:gap]
         first, last = sound_span(heard, self.rate)
         offset = (self._buffer_start + first) / self.rate
         levels = frame_levels(heard[first:last], self.rate)
-        if self._speech_level > 0.0 and float(levels.max(initial=0.0)) <= quiet_under(self._speech_level,
-                                                                                         LOUDNESS.pause_db):
+        # After an utterance kept as context, a pass runs only once something is said after it.
+        idle = self._context_at is not None and not waiting and self._silent(audio[self._kept(audio):])
+        if idle or self._speech_level > 0.0 and self._silent(heard[first:last]):
             # Every frame the pass would hear is pause_db under the stream's last speech: silence,
             # however the silence gate (§8, relative to the clip itself) judges a faint tail: a
             # faint tail decoded reads as a sentence that was never said.
@@ -384,6 +411,11 @@ class StreamSession:
         if result["speech"]:
             hold = None if gap is not None else end / self.rate - HOLD_S
             self._commit(self.policy.update(words, hold), out)
+        elif idle:
+            # Silence after a sentence's first words: past CONTEXT_PAUSE_S it is over for the
+            # reader too, and what follows starts afresh (the newest step kept, as below).
+            if end - self._context_at > CONTEXT_PAUSE_S * self.rate:
+                self._cut_utterance(max(self._context_at, end - self.step))
         elif gap is None and not unsayable:
             # Silence gate (§8): no speech yet, the buffer is a pause, but the newest step is kept:
             # a quiet lead-in (breath, room noise) that the gate passed over may be the start of the
@@ -399,7 +431,7 @@ class StreamSession:
             # An utterance ended at the pause: its words are final, and the buffer restarts there.
             boundary = (self._buffer_start + gap) / self.rate
             self._commit(self.policy.commit_through(boundary), out)
-            self._cut_utterance(self._buffer_start + gap)
+            self._end_utterance(self._buffer_start + gap, keep_context=True)
             self._pause_at = None
         else:
             self._pause_at = None
@@ -444,12 +476,30 @@ class StreamSession:
         # Never keep more than 30 s minus one step: the oldest audio goes even if uncommitted.
         self._trim(end + self.step - limit, end)
 
+    def _silent(self, audio: np.ndarray) -> bool:
+        """Every 20 ms frame of `audio` is pause_db under the stream's last speech (or no sound)."""
+        first, last = sound_span(audio, self.rate)
+        levels = frame_levels(audio[first:last], self.rate)
+        return float(levels.max(initial=0.0)) <= quiet_under(self._speech_level, LOUDNESS.pause_db)
+
+    def _end_utterance(self, at: int, keep_context: bool) -> None:
+        """An utterance ended at sample `at`, its words committed. With keep_context, words that stop
+        mid-sentence keep their audio for the passes after it (`_context_at`), when the sentence so
+        far lies within CONTEXT_S; otherwise the next utterance starts there (`_cut_utterance`)."""
+        said = self.policy.rereads
+        if keep_context and said and not ends_sentence(said[-1].word) \
+                and at - self._buffer_start <= CONTEXT_S * self.rate:
+            self._context_at = at
+            return
+        self._cut_utterance(at)
+
     def _cut_utterance(self, at: int) -> None:
         """The words before sample `at` are committed: the next utterance starts there (or at the
         committed words' end, whichever is later). The audio before goes, and the policy stops
         comparing new words with the committed ones by time (none is re-read; a re-heard tail
         is still caught by the policy's repeat check)."""
         horizon = int(round(self.policy.committed_until_s * self.rate))
+        self._context_at = None
         if self._trim(max(horizon, at), self._received):
             self.policy.new_utterance()
 
@@ -459,6 +509,8 @@ class StreamSession:
         if trim > self._buffer_start:
             self._buffer = self._buffer[trim - self._buffer_start:]
             self._buffer_start = trim
+            if self._context_at is not None and self._context_at <= trim:
+                self._context_at = None   # the kept context is gone (a forced trim)
             if self.on_trim is not None:
                 self.on_trim(trim / self.rate)
             return True

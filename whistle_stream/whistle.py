@@ -26,7 +26,7 @@ from .models import ModelFile
 from .blocks import kernel_path
 from .kernels._cache import compiled_here
 from .results import Decoding, KernelPath, Transcription, Warmup, Word
-from .rules import BEAMS, MAX_BEAMS, READ_BY, WINDOW_S
+from .rules import BEAMS, MAX_BEAMS, READ_BY, WINDOW_S, ends_sentence
 from .search import _text_logprobs, beam_search, greedy_draft
 from .streaming import PassMemo, StreamSession, sound_span
 from .streaming import stream as stream_updates
@@ -261,9 +261,10 @@ class Whistle(ModelFile):
         its `Word`s (word, start, end, probability; seconds from the clip start). Audio the silence gate
         (§8) stops returns empty text and language without decoding.
 
-        by="utterances" (the default) cuts the clip at its pauses as the stream does and reads each
-        utterance alone (windows inside one longer than 30 s): what a file of many sentences
-        wants. by="windows" runs the guide's passes exactly: up to 30 s in one, longer audio in
+        by="utterances" (the default) reads up to 30 s in one pass as the engine does (§8), and
+        longer audio cut at its pauses, in passes of whole utterances (a model whose card reads one
+        sentence a pass: whole sentences, however many pauses they hold): what a file of many
+        sentences wants. by="windows" runs the guide's passes exactly: up to 30 s in one, longer audio in
         30 s windows (§8). `progress(done_s, total_s)` is called as the audio is read.
         """
         if by not in READ_BY:
@@ -275,7 +276,7 @@ class Whistle(ModelFile):
         d = self.dims
         window = int(WINDOW_S * d.rate)
         total_s = len(pcm) / d.rate
-        if by == "utterances":
+        if by == "utterances" and (self.sentences_per_pass is not None or len(pcm) > window):
             return self._transcribe_utterances(pcm, language, biaser, beams, word_timestamps, progress)
         if not self._gate(pcm):
             if progress is not None:
@@ -290,28 +291,55 @@ class Whistle(ModelFile):
         return self._transcribe_long(pcm, language, biaser, beams, word_timestamps, progress)
 
     def _transcribe_utterances(self, pcm, language, biaser, beams, word_timestamps, progress) -> Transcription:
-        """Each utterance between the clip's pauses on its own (windows inside a long one); the
-        language is detected on the first utterance with speech, then held."""
+        """The clip cut at its pauses and read in passes of whole utterances: as many as one
+        window holds, or, for a model whose card reads one sentence a pass (`sentences_per_pass`),
+        up to the utterance whose reading ends a sentence, so that a sentence said with pauses
+        inside it is read whole (faster-whisper's VAD batching packs speech the same way). A span
+        longer than a window is read in windows; the language is detected on the first pass with
+        speech, then held."""
         d = self.dims
         total_s = len(pcm) / d.rate
         stats = {"language": language, "ttft": None, "decode_s": 0.0, "tokens": 0}
         words: list[Word] = []
-        for span_start, span_end in utterance_spans(pcm, d.rate):
+        spans = utterance_spans(pcm, d.rate)
+        window = int(WINDOW_S * d.rate)
+
+        def read(a: int, b: int) -> list[Word]:
             # framed as a stream's pass frames an utterance (digital silence around it)
-            first, last = sound_span(pcm[span_start:span_end], d.rate)
-            start, end = span_start + first, span_start + last
-            if end <= start:
-                continue
-            part = self._transcribe_long(pcm[start:end], stats["language"], biaser, beams, True, None, stats)
-            offset = start / d.rate
-            words += [replace(w, start=round(w.start + offset, 3), end=round(w.end + offset, 3))
-                      for w in part.words or ()]
+            first, last = sound_span(pcm[a:b], d.rate)
+            if last <= first:
+                return []
+            part = self._transcribe_long(pcm[a + first:a + last], stats["language"], biaser, beams, True, None, stats)
+            offset = (a + first) / d.rate
+            return [replace(w, start=round(w.start + offset, 3), end=round(w.end + offset, 3)) for w in part.words or ()]
+
+        i = 0
+        while i < len(spans):
+            j = i
+            fits = lambda k: k < len(spans) and spans[k][1] - spans[i][0] <= window  # noqa: E731
+            if self.sentences_per_pass is None:
+                while fits(j + 1):
+                    j += 1
+                part = read(spans[i][0], spans[j][1])
+            else:
+                part = read(spans[i][0], spans[j][1])
+                while not self._whole(part) and fits(j + 1):
+                    j += 1
+                    part = read(spans[i][0], spans[j][1])
+            words += part
+            i = j + 1
             if progress is not None:
-                progress(span_end / d.rate, total_s)
+                progress(spans[j][1] / d.rate, total_s)
         if progress is not None:
             progress(total_s, total_s)
         return _result(" ".join(w["word"] for w in words), stats["language"] or "", stats["ttft"] or 0.0,
                        stats["decode_s"], stats["tokens"], words if word_timestamps else None)
+
+    def _whole(self, words: list[Word]) -> bool:
+        """Whether a reading holds as many whole sentences as the model reads in one pass (or
+        nothing: there is no sentence to finish)."""
+        ends = sum(ends_sentence(w.word) for w in words)
+        return not words or (ends_sentence(words[-1].word) and ends >= (self.sentences_per_pass or 1))
 
     def _transcribe_long(self, pcm, language, biaser, beams, word_timestamps, progress=None,
                          stats=None) -> Transcription:

@@ -29,8 +29,11 @@ class ServerProcess:
             server.http   # http://127.0.0.1:PORT
     """
 
-    def __init__(self, *flags: str, env: dict | None = None, timeout: float = 300.0):   # a cold JIT cache: minutes
+    def __init__(self, *flags: str, env: dict | None = None, timeout: float = 300.0,   # a cold JIT cache: minutes
+                 command: list[str] | None = None):
+        # command: what runs `serve` (default this checkout's CLI; benchmarks/pauses.py runs another's)
         self.flags, self.env, self.timeout = flags, env, timeout
+        self.command = command or [sys.executable, "-m", "whistle_stream.cli"]
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.log: list[dict] = []
@@ -44,7 +47,7 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "ServerProcess":
-        self.proc = subprocess.Popen([sys.executable, "-m", "whistle_stream.cli", "serve", "--port", "0", *self.flags],
+        self.proc = subprocess.Popen([*self.command, "serve", "--port", "0", *self.flags],
                                      cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                      env={**os.environ, **(self.env or {})})
         ready = threading.Event()
