@@ -411,7 +411,7 @@ class StreamSession:
         if result["speech"]:
             hold = None if gap is not None else end / self.rate - HOLD_S
             self._commit(self.policy.update(words, hold), out)
-        elif idle:
+        elif idle and self._context_at is not None:
             # Silence after a sentence's first words: past CONTEXT_PAUSE_S it is over for the
             # reader too, and what follows starts afresh (the newest step kept, as below).
             if end - self._context_at > CONTEXT_PAUSE_S * self.rate:
