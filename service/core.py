@@ -37,6 +37,7 @@ from whistle_stream.rules import CONTEXT_PAUSE_S
 from . import protocol as P
 from . import resume as R
 from .config import DEFAULTS
+from .params import model_language
 from .audio import AudioPath, Chunk, EndOfSpeech, TimeMap
 
 
@@ -390,9 +391,10 @@ class SessionCore:
         if self.session.audio_seconds > 0 or self.resumed:
             raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, "the language and turn detection are set before "
                                   "the first audio; this session has audio already")
-        languages = self.engine.dims.languages
-        if message.language is not None and message.language not in languages:
-            raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, P.unknown_language(message.language, languages))
+        try:
+            model_language(message.language, self.engine.dims.languages)
+        except ValueError as e:
+            raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, str(e)) from None
         self.config = dataclasses.replace(self.config, language=message.language, vad=message.vad)
         self.limits = dataclasses.replace(self.limits, end_of_speech_ms=message.end_of_speech_ms,
                                           vad_aggressiveness=message.vad_aggressiveness)

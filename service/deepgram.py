@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from urllib.parse import parse_qsl
 
 from . import protocol as P
-from .params import FALSE, group, parse_bool
+from .params import FALSE, group, model_language, parse_bool
 
 PREFIX = "/deepgram"
 LISTEN_PATH = PREFIX + "/v1/listen"
@@ -89,13 +89,10 @@ def parse_query(query: str, languages: Sequence[str] = ()) -> tuple[P.SessionCon
         raise DeepgramError(400, f"sample_rate must be {P.MIN_SAMPLE_RATE} to {P.MAX_SAMPLE_RATE}, got {raw_rate[:20]!r}")
     if one.get("channels", "1") != "1":
         raise DeepgramError(400, f"channels must be 1 (mono), got {one['channels'][:10]!r}")
-    language = one.get("language") or None
-    if language is not None:
-        language = language.split("-")[0].lower()          # en-US -> en
-        if language in ("multi", "auto"):
-            language = None
-        elif languages and language not in languages:
-            raise DeepgramError(400, P.unknown_language(one["language"], languages))
+    try:
+        language = model_language(one.get("language"), languages)
+    except ValueError as e:
+        raise DeepgramError(400, str(e)) from None
     # keyterm=phrase (Nova-3) and keywords=word:boost (older models) both become keyword phrases
     phrases = seen.get("keyterm", []) + [k.rpartition(":")[0] if ":" in k else k for k in seen.get("keywords", [])]
     try:

@@ -16,10 +16,9 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
-from whistle_stream.dims import unknown_language
 from whistle_stream.subtitles import make_cues, srt, vtt
 
-from .params import group, parse_bool
+from .params import group, model_language, parse_bool
 from .protocol import MAX_KEYWORDS, ProtocolError, check_keywords, prompt_phrases
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -134,9 +133,10 @@ def parse_form(content_type: str, body: bytes, languages: Sequence[str] = ()) ->
     if stream:
         raise ApiError(400, "stream=true is not supported here; use the WebSocket /v1/listen for live text",
                        param="stream")
-    language = one.get("language") or None
-    if language is not None and languages and language not in languages:
-        raise ApiError(400, unknown_language(language, languages), param="language")
+    try:
+        language = model_language(one.get("language"), languages)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="language") from None
     filename, audio = files["file"]
     if not audio:
         raise ApiError(400, "the 'file' part is empty", param="file")

@@ -1,5 +1,6 @@
 """The rules every dialect's parameters share, each defined once: what true and false are spelled
-as, and what a key given more than once means (docs/protocol.md, "Query parameters").
+as, what a key given more than once means (docs/protocol.md, "Query parameters") and which
+language a client named.
 
 A setting given twice is ambiguous (which one did the client mean?), so it is refused by name in
 every dialect; only a dialect's list-valued keys (keyword phrases, timestamp granularities) may
@@ -8,7 +9,9 @@ repeat. Each dialect turns the ValueError into its own error.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
+
+from whistle_stream.dims import unknown_language
 
 TRUE = ("true", "1", "yes", "on")
 FALSE = ("false", "0", "no", "off")
@@ -23,6 +26,25 @@ def parse_bool(name: str, raw: str) -> bool:
         return False
     raise ValueError(f"{name} must be true or false ({'/'.join(TRUE[1:])} or {'/'.join(FALSE[1:])} also), "
                      f"got {str(raw)[:20]!r}")
+
+
+DETECT = ("auto", "multi")  # a language a client may name to have it detected
+
+
+def model_language(language: object, languages: Sequence[str] = ()) -> str | None:
+    """The model's code for the language a client named, None to detect it (none named, or one of
+    DETECT): a region is dropped ("en-US" -> "en"). ValueError (`unknown_language`) when the
+    model does not know it; an empty `languages` accepts any."""
+    if language is None or language == "":
+        return None
+    if not isinstance(language, str):
+        raise ValueError(unknown_language(language, languages))
+    code = language.split("-")[0].strip().lower()
+    if code in DETECT:
+        return None
+    if not code or (languages and code not in languages):
+        raise ValueError(unknown_language(language, languages))
+    return code
 
 
 def group(pairs: Iterable[tuple[str, str]], repeatable: Collection[str] = ()) -> tuple[dict[str, str], dict[str, list[str]]]:

@@ -19,10 +19,9 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 
-from whistle_stream.dims import unknown_language
 from whistle_stream.results import StreamUpdate
 
-from .params import group, parse_bool
+from .params import group, model_language, parse_bool
 
 PROTOCOL_VERSION = 2   # 2: resume tokens (`resume`, `replay_from`, `ready.resumed`)
 
@@ -364,11 +363,10 @@ def parse_query(params, languages: Sequence[str] = ()) -> SessionConfig:
         raise ProtocolError(ErrorCode.UNSUPPORTED_ENCODING, f"encoding {encoding[:40]!r} is not "
                             f"supported; accepted: {', '.join(ENCODINGS)}")
 
-    language = one.get("language") or None
-    if language in ("auto",):
-        language = None
-    if language is not None and languages and language not in languages:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, unknown_language(language, languages) + " (or omit it to detect)")
+    try:
+        language = model_language(one.get("language"), languages)
+    except ValueError as e:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"{e} (or omit it to detect)") from None
 
     try:
         vad = parse_bool("vad", one.get("vad", "true"))

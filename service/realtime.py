@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 from urllib.parse import parse_qsl
 
 from . import protocol as P
-from .params import group
+from .params import group, model_language
 
 PATH = "/v1/realtime"
 RATE = 24000                       # audio/pcm and pcm16: 16-bit little-endian mono at 24 kHz
@@ -138,9 +138,10 @@ def parse_session(event: dict, current: Settings, languages: Sequence[str]) -> S
     if language is not None:
         if not isinstance(language, str):
             raise _error(f"transcription.language must be a string, got {type(language).__name__}")
-        language = language.split("-")[0].lower() or None
-        if language is not None and language not in languages:
-            raise _error(P.unknown_language(transcription["language"], languages))
+        try:
+            language = model_language(language, languages)
+        except ValueError as e:
+            raise _error(str(e)) from None
     prompt = transcription.get("prompt", current.prompt)
     if not isinstance(prompt, str):
         raise _error(f"transcription.prompt must be a string, got {type(prompt).__name__}")

@@ -29,6 +29,7 @@ from wyoming.ping import Ping, Pong
 from . import protocol as P
 from . import wyoming as W
 from .config import admitted, networks
+from .params import model_language
 from .handshake import admission
 from .observe import log_event
 from .runner import ChannelClosed, SessionRunner
@@ -174,18 +175,17 @@ class Connection:
         elif Ping.is_type(event.type):
             await self.send(Pong(text=Ping.from_event(event).text).event())
         elif Transcribe.is_type(event.type):
-            language = (event.data or {}).get("language")
-            languages = self.app.model.dims.languages
-            if language is not None and (not isinstance(language, str) or language.split("-")[0].lower()
-                                         not in languages):
-                await self.error(P.ErrorCode.BAD_REQUEST, P.unknown_language(language, languages))
+            try:
+                language = model_language((event.data or {}).get("language"), self.app.model.dims.languages)
+            except ValueError as e:
+                await self.error(P.ErrorCode.BAD_REQUEST, str(e))
                 return
             try:
                 silence_ms = W.check_sensitivity((event.data or {}).get("vad_sensitivity"))
             except P.ProtocolError as e:
                 await self.error(e.code, e.message)
                 return
-            self.language = language.split("-")[0].lower() if language else None
+            self.language = language
             self.silence_ms = silence_ms
         elif AudioStart.is_type(event.type):
             await self.start(event)

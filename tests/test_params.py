@@ -91,3 +91,28 @@ def test_the_service_settings():
         assert getattr(config_from_args(parser.parse_args([f"{name}={raw}"])), switch.dest) is expected
     with pytest.raises(ValueError, match=rf"invalid value 'maybe' for {name} .*expected true or false"):
         config_from_args(parser.parse_args([f"{name}=maybe"]))
+
+
+def test_every_dialect_reads_a_language_by_one_rule():
+    """`params.model_language`: a region is dropped, auto and multi detect, and a language the model
+    lacks is refused with one message naming what it knows, in every dialect's own error."""
+    from whistle_stream.service.params import model_language
+
+    assert model_language("en-US", ("en", "de")) == "en" and model_language("DE", ("en", "de")) == "de"
+    assert model_language("auto", ("en",)) is None and model_language("multi", ("en",)) is None
+    assert model_language(None, ("en",)) is None and model_language("", ("en",)) is None
+    assert model_language("fr", ()) == "fr"                        # no list: any
+    for bad in ("fr", "-", 7):
+        with pytest.raises(ValueError, match="this model knows en, de"):
+            model_language(bad, ("en", "de"))
+    refusals = [
+        (lambda: P.parse_query("language=fr", ("en",)), P.ProtocolError),
+        (lambda: deepgram.parse_query("encoding=linear16&sample_rate=16000&language=fr-FR", ("en",)),
+         deepgram.DeepgramError),
+        (lambda: realtime.parse_session({"session": {"audio": {"input": {"transcription": {"language": "fr"}}}}},
+                                        realtime.Settings(), ("en",)), P.ProtocolError),
+    ]
+    for call, error in refusals:
+        with pytest.raises(error, match="unknown language 'fr.*'; this model knows en"):
+            call()
+    assert P.parse_query("language=en-GB", ("en",)).language == "en"
