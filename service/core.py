@@ -15,7 +15,7 @@ A transport that must not block while the engine works splits each call in two: 
 is cheap (decode, check, limits, VAD) and returns typed work items; `execute(items)` runs them
 through the engine (on a worker thread) and returns the messages. `audio`, `control` and
 `finish` are exactly `execute(receive(...))`. Timeouts, back-pressure and capacity stay with the
-transport (`service.server`, `whistle-listen --local`).
+transport (`service.runner` for every dialect, `whistle-listen --local`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The /v1/listen wire protocol, Sans-I/O: bytes and JSON in, typed messages out, and back.
 
-Nothing here touches a socket, a thread or an event loop. The asyncio server (`service.server`)
+Nothing here touches a socket, a thread or an event loop. The session runner (`service.runner`)
 moves frames; this module decides what they mean. The full protocol is in docs/protocol.md.
 
 Client -> server: binary frames are audio (`Audio`); text frames are JSON control messages
@@ -453,10 +453,10 @@ class SessionState(Enum):
 class Session:
     """One stream's message logic, without I/O.
 
-    The server calls `ready()` once, `check(msg)` for every client message, `results(d)` for every
-    engine dict from `feed`/`finalize`, and `final(d, reason)` for the dict from `finalize`/`finish`
-    that answers a client's `finalize`/`close`. Word times in `d` must already be in session
-    seconds. Guarantees: `ready` first; `committed.seq` counts 1, 2, 3 ... with no gaps; committed
+    The session core calls `ready()` once, `check(msg)` for every client message, `results(u)` for
+    every engine `StreamUpdate` from `feed`/`finalize`, and `final(u, reason)` for the update from
+    `finalize`/`finish` that answers a client's `finalize`/`close`. Word times in `u` must already be
+    in session seconds. Guarantees: `ready` first; `committed.seq` counts 1, 2, 3 ... with no gaps; committed
     text is never revised; `final` follows the `committed` it sums up; nothing after `close`.
     """
 

@@ -399,10 +399,9 @@ class StreamSession:
         if unsayable:
             # A reading about to be committed (the utterance ends here) with more words than its
             # audio could hold: a noise burst or the first breath of an utterance read as a
-            # sentence ("Will it rain in Berlin tomorrow?" from the 0.7 s of noise before a
-            # sentence, committed when the VAD ended that "utterance"). The pass counts for
-            # nothing: no words, and the buffer stays as it is. (An open pass reading ahead of
-            # its audio only shows pending words; the next pass reads them again.)
+            # sentence (a small model reads 0.7 s of noise as "Will it rain in Berlin tomorrow?").
+            # The pass counts for nothing: no words, and the buffer stays as it is. (An open pass
+            # reading ahead of its audio only shows pending words; the next pass reads them again.)
             words, result = [], {**result, "speech": False}
         if result["speech"] and len(levels):
             self._speech_level = speech_level(levels)

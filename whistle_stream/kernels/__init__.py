@@ -34,20 +34,20 @@ from .integer import _expand, _tile, _tile_codes  # noqa: E402
 # (fake-quant, norms) are compiled without it.
 GEMM_FASTMATH = {"reassoc", "contract", "nsz"}
 # The exp's polynomial and the maps around it fused into multiply-adds: every sum keeps its order,
-# each step rounds once instead of twice (silu 0.65 -> 0.51 ns an element, the error unchanged).
+# and each step rounds once instead of twice, which is faster and no less exact.
 EXP_FASTMATH = {"contract"}
-# Up to this many rows the hand-written row kernel beats numpy's BLAS (one BLAS thread,
-# [1024,512]: 5 rows 129 vs 328 us, 12 rows 315 vs 371 us; at 375 rows BLAS wins ~66 GFLOP/s).
+# Up to this many rows the hand-written row kernel beats numpy's BLAS on one thread; past it BLAS's
+# blocking wins (benchmarks/few_rows.py measures the crossing).
 SMALL_ROWS = 12
 # Up to this many rows a packed CQ matrix's product reads its codes in registers (the decoder's
-# `_packed_rows`) instead of dequantising the matrix for BLAS (`blocks.CQLinear`: an encoder pass
-# over 1-3 s of speech is 12-40 rows; the first 8 full-architecture encoder matrices at 16 rows
-# 2.81 against 4.85 ms, 24 rows 4.31 / 5.54, 40 rows 6.06 / 6.70, 64 rows 10.1 / 8.4).
+# `_packed_rows`) instead of dequantising the matrix for BLAS (`blocks.CQLinear`): an encoder pass
+# over 1-3 s of speech is 12-40 rows, where reading the codes costs less than dequantising them;
+# a longer pass amortises the dequantised matrix (benchmarks/encoder.py).
 PACKED_ROWS = 40
 # The int8 activation/KV fake-quant of the reference (quantize.ACT_BITS = KV_BITS = 8).
 INT8_MAX = 127
-# One BLAS thread: on a 2-vCPU machine two made an encoder layer slower (59.7 vs 34.5 ms), and
-# serving threads already run kernels side by side without the GIL.
+# One BLAS thread: serving threads already run kernels side by side without the GIL, and a second
+# BLAS thread on a small machine competes with them for the same cores.
 BLAS_THREADS = 1
 
 
@@ -57,9 +57,9 @@ BLAS_THREADS = 1
 # with set_threads() or the WHISTLE_THREADS environment variable for single-stream latency.
 GEMM_THREADS = 1
 GEMM_SPLIT_ROWS = 128  # below this many rows a product is not worth splitting
-# A hand-off to the worker pool costs ~50-100 us on this machine: a decoder step's 5-row products
-# (150 us for 1120 x 512) got slower split, so only the largest (the 8199-row head) is split;
-# row maps are split from SPLIT_ELEMENTS elements (the stem's SiLU, the lane mixes).
+# A hand-off to the worker pool costs tens of microseconds, as much as a decoder step's small
+# products take, so only the largest (the 8199-row head) is split; row maps are split from
+# SPLIT_ELEMENTS elements (the stem's SiLU, the lane mixes).
 SPLIT_WEIGHTS = 1 << 22
 SPLIT_ELEMENTS = 1 << 18
 

@@ -162,7 +162,7 @@ def _attend_pool(q, k_pool, k_scale, v_pool, v_scale, anc, start, q_scale, logit
                             a += qj[d] * np.float32(kr[d])
                         scores[j, s] = a * ks
                 for j in range(group):  # softmax as exp(x - max) / sum (kernels._softmax_rows's
-                    # arithmetic, inline: called on these slices it made the kernel 25 % slower)
+                    # arithmetic, inline: a call on these slices costs more than the softmax)
                     row = scores[j]
                     top = np.float32(-np.inf)
                     for s in range(p + 1):
