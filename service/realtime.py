@@ -26,14 +26,16 @@ from typing import Any, Callable, Sequence
 from urllib.parse import parse_qsl
 
 from . import protocol as P
+from .audio import PREROLL_FRAMES, VAD_FRAME_MS
+from .config import DEFAULTS
 from .params import group, model_language
 
 PATH = "/v1/realtime"
 RATE = 24000                       # audio/pcm and pcm16: 16-bit little-endian mono at 24 kHz
 FORMAT = {"type": "audio/pcm", "rate": RATE}
-DEFAULT_SILENCE_MS = 600           # our end of speech; OpenAI's server_vad default is 500 ms
+DEFAULT_SILENCE_MS = DEFAULTS.end_of_speech_ms   # the service's end of speech (OpenAI's server_vad: 500 ms)
 DEFAULT_THRESHOLD = 0.5
-DEFAULT_PREFIX_MS = 300            # the audio path's pre-roll (audio.PREROLL_FRAMES)
+DEFAULT_PREFIX_MS = PREROLL_FRAMES * VAD_FRAME_MS  # the audio path's pre-roll
 # semantic_vad's eagerness as a silence length (OpenAI: low waits longest, high answers soonest)
 EAGERNESS_MS = {"low": 1200, "medium": 600, "auto": 600, "high": 300}
 MIN_SILENCE_MS, MAX_SILENCE_MS = 90, 10_000   # three VAD frames; ten seconds
