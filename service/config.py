@@ -32,41 +32,61 @@ def _cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     return cores
 
 
+def setting(default=None, help: str = "", factory=None):
+    """A ServiceConfig field with its --help text beside it."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str | None = None                 # path to a .cact; None: default model resolution
-    max_sessions: int = 32
-    workers: int = field(default_factory=_cores)   # engine threads (kernels release the GIL)
-    processes: int = field(default_factory=_cores)  # engine worker processes; 1: the engine runs in the server
-    token: str | None = None                 # None: no authentication
-    allowed_origins: tuple[str, ...] = ()    # empty: any Origin; requests without Origin always pass
-    max_frame_bytes: int = 1 << 20           # 1 MiB: ~16 s of 16 kHz s16le audio in one frame
-    max_session_seconds: float = 4 * 3600.0  # audio seconds one session may send
-    idle_timeout: float = 30.0               # seconds without any frame from the client
-    control_rate: float = 10.0               # control messages per second (token bucket refill)
-    control_burst: int = 20                  # ... and bucket size
-    vad_aggressiveness: int = 2              # webrtcvad 0..3; 2 keeps soft speech, drops most hum
-    end_of_speech_ms: int = 600              # trailing non-speech that ends an utterance
-    step_s: float = 1.0                      # engine step (streaming re-transcribes once per step)
-    language: str | None = None              # the language of sessions that name none; None: detected
-    keywords: tuple[str, ...] = ()           # keyword phrases of sessions that name none
-    beams: int = BEAMS                       # beam width of the passes that commit words
-    send_queue: int = 256                    # messages queued for one client before it counts as slow
-    send_timeout: float = 10.0               # seconds one send may block before the client counts as slow
-    drain_timeout: float = 30.0              # SIGTERM: seconds to finish open sessions
-    max_upload_bytes: int = 25 << 20         # POST /v1/audio/transcriptions: largest file (OpenAI's limit)
-    max_upload_seconds: float = 3600.0       # ... and most audio seconds in it
-    request_timeout: float = 60.0            # seconds for a POST request's bytes to arrive
-    resume_secret: str | None = None         # shared by replicas; None: a random one per process
-    resume_ttl: float = 600.0                # seconds a resume token stays valid
-    log_level: str = "info"
-    log_format: str = "auto"                 # text on a terminal, JSON lines elsewhere; or "text", "json"
-    wyoming_port: int = 0                    # the Wyoming server's TCP port (10300 by convention); 0: off
-    wyoming_zeroconf: bool = False           # advertise the Wyoming server over mDNS (_wyoming._tcp.local.)
-    wyoming_allow: tuple[str, ...] = ()      # client networks (CIDRs) the Wyoming port admits; empty: any
-    wyoming_end_of_turn: bool = True         # the server ends a transcription when the command ends
+    host: str = setting("127.0.0.1", "interface to listen on")
+    port: int = setting(8000, "TCP port (0: any free port)")
+    model: str | None = setting(None, "model file (.cact); default: WHISTLE_MODEL, cached full model, bundled demo")
+    max_sessions: int = setting(32, "concurrent sessions; more are refused with close code 1013")
+    # engine threads (kernels release the GIL)
+    workers: int = setting(factory=_cores, help="engine worker threads (default: the cores available)")
+    processes: int = setting(factory=_cores, help="engine worker processes, each with its own interpreter; 1: the "
+                                                  "engine runs in the server (default: the cores available, a "
+                                                  "container's CPU limit included)")
+    token: str | None = setting(None, "require this token (Authorization: Bearer or ?token=)")
+    allowed_origins: tuple[str, ...] = setting((), "allowed Origin headers, comma-separated (default: any)")
+    # 1 MiB: ~16 s of 16 kHz s16le audio in one frame
+    max_frame_bytes: int = setting(1 << 20, "largest binary frame; larger ones close the session with 1009")
+    max_session_seconds: float = setting(4 * 3600.0, "audio seconds per session before it is ended")
+    idle_timeout: float = setting(30.0, "seconds without a frame before a session is ended")
+    # control messages per second (token bucket refill)
+    control_rate: float = setting(10.0, "control messages per second per session")
+    control_burst: int = setting(20, "control message burst per session")
+    # webrtcvad 0..3; 2 keeps soft speech, drops most hum
+    vad_aggressiveness: int = setting(2, "webrtcvad aggressiveness 0..3")
+    end_of_speech_ms: int = setting(600, "silence after speech that finalizes the utterance")
+    # engine step (streaming re-transcribes once per step)
+    step_s: float = setting(1.0, "engine step in seconds")
+    language: str | None = setting(None, "language of sessions that name none, one of the model's (default: detected)")
+    keywords: tuple[str, ...] = setting((), "keyword phrases, comma-separated, for sessions that name none")
+    beams: int = setting(BEAMS, "beam width of the passes that commit words (1: greedy, fastest)")
+    send_queue: int = setting(256, "messages queued per client before it is disconnected as slow")
+    send_timeout: float = setting(10.0, "seconds a send may block before the client is disconnected as slow")
+    drain_timeout: float = setting(30.0, "seconds SIGTERM waits for open sessions to finish")
+    # POST /v1/audio/transcriptions: largest file (OpenAI's limit)
+    max_upload_bytes: int = setting(25 << 20, "largest file POST /v1/audio/transcriptions accepts, bytes")
+    max_upload_seconds: float = setting(3600.0, "most audio seconds in one uploaded file")
+    request_timeout: float = setting(60.0, "seconds a POST request may take to arrive")
+    resume_secret: str | None = setting(None, "secret that signs resume tokens; give every replica the same (default: "
+                                              "random, this process only)")
+    resume_ttl: float = setting(600.0, "seconds a resume token stays valid")
+    log_level: str = setting("info", "debug, info, warning or error")
+    log_format: str = setting("auto", "text (for a person), json (one object a line), or auto: text on a terminal, json "
+                                      "elsewhere")
+    wyoming_port: int = setting(0, "TCP port of the Wyoming server for Home Assistant (10300 by convention; 0: off)")
+    wyoming_zeroconf: bool = setting(False, "advertise the Wyoming server over zeroconf/mDNS (_wyoming._tcp.local.)")
+    wyoming_allow: tuple[str, ...] = setting((), "client networks (CIDRs) the Wyoming port admits, the only ones; "
+                                                 "needed with --token on an address other than loopback (default: any)")
+    wyoming_end_of_turn: bool = setting(True, "end a Wyoming transcription when the command ends, without waiting for "
+                                              "audio-stop (Home Assistant then runs no VAD of its own); false: at "
+                                              "audio-stop only")
 
     def __post_init__(self):
         checks = [
@@ -143,44 +163,6 @@ def is_loopback(host: str) -> bool:
 DEFAULTS = ServiceConfig()   # every setting's default, typed: the one place other modules read them
 
 
-_HELP = {
-    "host": "interface to listen on",
-    "port": "TCP port (0: any free port)",
-    "model": "model file (.cact); default: WHISTLE_MODEL, cached full model, bundled demo",
-    "max_sessions": "concurrent sessions; more are refused with close code 1013",
-    "workers": "engine worker threads (default: the cores available)",
-    "processes": "engine worker processes, each with its own interpreter; 1: the engine runs in the server "
-                 "(default: the cores available, a container's CPU limit included)",
-    "token": "require this token (Authorization: Bearer or ?token=)",
-    "allowed_origins": "allowed Origin headers, comma-separated (default: any)",
-    "max_frame_bytes": "largest binary frame; larger ones close the session with 1009",
-    "max_session_seconds": "audio seconds per session before it is ended",
-    "idle_timeout": "seconds without a frame before a session is ended",
-    "control_rate": "control messages per second per session",
-    "control_burst": "control message burst per session",
-    "vad_aggressiveness": "webrtcvad aggressiveness 0..3",
-    "end_of_speech_ms": "silence after speech that finalizes the utterance",
-    "step_s": "engine step in seconds",
-    "language": "language of sessions that name none, one of the model's (default: detected)",
-    "keywords": "keyword phrases, comma-separated, for sessions that name none",
-    "beams": "beam width of the passes that commit words (1: greedy, fastest)",
-    "send_queue": "messages queued per client before it is disconnected as slow",
-    "send_timeout": "seconds a send may block before the client is disconnected as slow",
-    "drain_timeout": "seconds SIGTERM waits for open sessions to finish",
-    "max_upload_bytes": "largest file POST /v1/audio/transcriptions accepts, bytes",
-    "max_upload_seconds": "most audio seconds in one uploaded file",
-    "request_timeout": "seconds a POST request may take to arrive",
-    "resume_secret": "secret that signs resume tokens; give every replica the same (default: random, this process only)",
-    "resume_ttl": "seconds a resume token stays valid",
-    "log_level": "debug, info, warning or error",
-    "log_format": "text (for a person), json (one object a line), or auto: text on a terminal, json elsewhere",
-    "wyoming_port": "TCP port of the Wyoming server for Home Assistant (10300 by convention; 0: off)",
-    "wyoming_zeroconf": "advertise the Wyoming server over zeroconf/mDNS (_wyoming._tcp.local.)",
-    "wyoming_end_of_turn": "end a Wyoming transcription when the command ends, without waiting for audio-stop "
-                           "(Home Assistant then runs no VAD of its own); false: at audio-stop only",
-    "wyoming_allow": "client networks (CIDRs) the Wyoming port admits, the only ones; "
-                     "needed with --token on an address other than loopback (default: any)",
-}
 
 
 def env_name(name: str) -> str:
@@ -197,10 +179,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
             default = ",".join(default)
         if isinstance(default, bool):   # a switch: --flag alone is true, --flag=false turns it off
             parser.add_argument(flag, dest=f.name, default=None, nargs="?", const="true", metavar="BOOL",
-                                help=f"{_HELP[f.name]} [env {env_name(f.name)}, default {str(default).lower()}]")
+                                help=f"{f.metadata['help']} [env {env_name(f.name)}, default {str(default).lower()}]")
             continue
         parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
-                            help=f"{_HELP[f.name]} [env {env_name(f.name)}, default {default}]")
+                            help=f"{f.metadata['help']} [env {env_name(f.name)}, default {default}]")
     return parser
 
 
