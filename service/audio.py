@@ -253,7 +253,11 @@ class _Replay:
 
 
 class TimeMap:
-    """Engine seconds -> session seconds, for an engine that only saw the speech chunks."""
+    """Engine seconds -> session seconds, for an engine that only saw the speech chunks. Segments
+    that end more than KEEP_S before the engine's newest audio are forgotten: an engine stream's
+    buffer never holds more than 30 s, so no word time or resume reaches back further."""
+
+    KEEP_S = 90.0
 
     def __init__(self, rate: int = MODEL_RATE):
         self.rate = rate
@@ -269,6 +273,9 @@ class TimeMap:
             self._session.append(chunk.start)
         self._engine_end += seconds
         self._session_end = chunk.start + seconds
+        if len(self._engine) > 64 and self._engine[32] < self._engine_end - self.KEEP_S:
+            stale = bisect.bisect_right(self._engine, self._engine_end - self.KEEP_S) - 1
+            del self._engine[:stale], self._session[:stale]
 
     def state(self, since: float = 0.0) -> dict:
         """The segments that map engine seconds from `since` on (JSON-able)."""

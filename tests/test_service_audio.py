@@ -108,3 +108,15 @@ def test_time_map_restores_session_time_across_skipped_silence():
     assert tm(1.25) == pytest.approx(3.25)
     assert tm(1.5) == pytest.approx(10.0)
     assert tm(2.2) == pytest.approx(10.7)
+
+
+def test_a_time_map_forgets_what_no_engine_buffer_reaches_back_to():
+    """Hours of utterances keep the map to the segments of the last KEEP_S engine seconds, and
+    those still map exactly."""
+    from whistle_stream.service.audio import Chunk, TimeMap
+
+    tm, rate = TimeMap(16000), 16000
+    for k in range(20_000):                        # 1 s of speech every 3 s of session: 5.5 hours
+        tm.add(Chunk(np.zeros(rate, np.float32), start=3.0 * k, first=True))
+    assert len(tm.state()["engine"]) <= 64 + TimeMap.KEEP_S
+    assert tm(19_999.5) == 3.0 * 19_999 + 0.5 and tm(19_950.25) == 3.0 * 19_950 + 0.25

@@ -745,3 +745,55 @@ def test_a_vad_end_of_speech_keeps_the_context_and_a_client_finalize_does_not():
     session.finalize(_said(("z", 0.5)))
     session.finalize(_said(("w", 2), ("z", 0.5)))
     assert model.heard[-1] == ["w2"]
+
+
+# ---- hours: a stream's state is bounded by its window ------------------------------------------
+
+def _hours(first: float, last: float, memory: bool) -> dict:
+    """Feed a stream `last` hours of scripted speech as fast as the fake model reads it; its
+    committed words held, checkpoint size, buffer and (with `memory`) Python's allocated bytes
+    once `first` and `last` hours are in."""
+    import json
+    import tracemalloc
+
+    speech, _ = scripted_audio(120, seed=3)
+    session = StreamSession(FakeModel())
+    hour, fed, seen, committed = 3600 * RATE, 0, {}, 0
+    if memory:
+        tracemalloc.start()
+    try:
+        while fed < last * hour:
+            for i in range(0, len(speech), RATE):
+                committed += len(session.feed(speech[i:i + RATE])["words"])
+            fed += len(speech)
+            for h in (first, last):
+                if h not in seen and fed >= h * hour:
+                    seen[h] = (len(session.policy.committed), len(json.dumps(session.checkpoint())),
+                               session.buffer_s, tracemalloc.get_traced_memory()[0] if memory else 0)
+    finally:
+        if memory:
+            tracemalloc.stop()
+    assert committed > 2000 * last                                # the stream did commit all along
+    return seen
+
+
+def _same_state(seen: dict, first: float, last: float) -> None:
+    from whistle_stream.commit import FORGET_AFTER
+
+    (words1, state1, buffer1, memory1), (words2, state2, buffer2, memory2) = seen[first], seen[last]
+    assert words1 <= FORGET_AFTER + 40 and words2 <= FORGET_AFTER + 40, (words1, words2)
+    assert state2 <= 1.5 * state1 + 2000 and buffer2 <= MAX_BUFFER_S
+    assert memory2 - memory1 < 2_000_000, (memory1, memory2)
+
+
+def test_an_hour_of_audio_leaves_the_stream_as_it_was_after_a_quarter():
+    """The short form of the next test: the state a stream holds is bounded by its window."""
+    _same_state(_hours(0.25, 1.0, memory=False), 0.25, 1.0)
+
+
+@pytest.mark.slow
+def test_eight_hours_of_audio_leave_the_stream_as_it_was_after_one():
+    """Fed 8 hours as fast as the (fake) model reads them, a stream holds what it held after the
+    first hour, within a small bound: its committed words (the policy forgets what no pass compares
+    with), its checkpoint, its buffer, and the memory Python allocated for it."""
+    _same_state(_hours(1.0, 8.0, memory=True), 1.0, 8.0)

@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import demo_data  # noqa: E402
+from whistle_stream.models import CARD_SENTENCES_PER_PASS  # noqa: E402
 
 LANGUAGE = "en"
 # Each batch is padded to the smallest of these lengths (seconds) that holds its longest clip, with that
@@ -603,6 +604,8 @@ def write_card(cact: str, vocabulary: list[str], cfg, note: str) -> None:
                         "For tests and demos, not for real transcription. " + note),
         "vocabulary": vocabulary,
         "languages": list(cfg.languages),
+        # trained on clips of one sentence (and a few 2-4 sentence ones): it reads one a pass best
+        CARD_SENTENCES_PER_PASS: 1,
         "shape": {"dim": cfg.dim, "enc_layers": cfg.enc_layers, "dec_layers": cfg.dec_layers,
                   "text_vocab": cfg.text, "v_dim": cfg.v_dim, "qk_dim": cfg.qk_dim, "kv_heads": cfg.kv_heads},
         "sha256": digest,

@@ -32,12 +32,17 @@ DOUBLED_MIN_WORDS = 3  # a hypothesis ending in a unit of at least this many wor
 # number of equal first words, then aligned with them word by word (substitutions allowed).
 RESTART_MIN_WORDS = 3
 MIN_COMMIT_PROBABILITY = 0.6  # see CommitPolicy's min_probability
+# Committed words no pass compares with any more (before the current utterance, beyond the last
+# repeat_words) are forgotten once this many have gathered: a policy's memory stays bounded by
+# its utterance, however long the stream runs.
+FORGET_AFTER = 64
 
 
 @dataclass(frozen=True)
 class CommitResult:
-    """committed: every word committed so far (it only grows); new: the words this call committed;
-    pending: the current hypothesis beyond the committed words (may still change)."""
+    """committed: the committed words the policy still holds (the current utterance's and the last
+    few before it; see FORGET_AFTER); new: the words this call committed; pending: the current
+    hypothesis beyond the committed words (may still change)."""
 
     committed: list[Word]
     pending: list[Word]
@@ -116,6 +121,7 @@ class CommitPolicy:
 
     @property
     def committed(self) -> list[Word]:
+        """The committed words still held (older ones are forgotten: FORGET_AFTER)."""
         return list(self._committed)
 
     @property
@@ -182,6 +188,14 @@ class CommitPolicy:
         them, so a new pass's words are compared only with words committed after this call."""
         self._since = len(self._committed)
         self._previous = []
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop the committed words no pass compares with (what `state` leaves out), in batches."""
+        old = min(self._since, max(0, len(self._committed) - self.repeat_words))
+        if old >= FORGET_AFTER:
+            del self._committed[:old]
+            self._since -= old
 
     def commit_through(self, until_s: float) -> CommitResult:
         """Commit the pending words that end by `until_s` (seconds), agreed or not: the streaming
