@@ -261,7 +261,7 @@ def test_per_call_invariants_hold_over_many_held_out_clips(demo):
     pass read a sentence twice or looped, which the commit rule says once: its words in order; the
     demo model does so in about a quarter of the passes over part of a sentence), finish() leaves
     nothing pending, word times are ordered and within the audio received."""
-    from whistle_stream.streaming import sayable
+    from whistle_stream.spans import sayable
 
     clips = [audio for audio, _ in held_out(24)] + [_stream_of(40, seed=5)[0]]
     checked = repeats = unsayable = 0

@@ -328,14 +328,14 @@ def test_a_long_clip_s_gate_and_loader_hold_no_clip_sized_temporaries():
     spectrum was 48 MB, its float64 squares 77 MB, its index of every sample 77 MB)."""
     import tracemalloc
 
-    from whistle_stream import rules, streaming
+    from whistle_stream import rules, spans
     pcm = np.tile(_speechlike(30.0), 20)
     tracemalloc.start()
     try:
         for fn, budget in ((lambda: F.load_audio(pcm), pcm.nbytes + (4 << 20)),
                            (lambda: F.silence_gate_db(pcm, MEL, RATE, HOP, WIN), 24 << 20),
                            (lambda: rules.frame_levels(pcm, RATE), 4 << 20),
-                           (lambda: streaming.sound_span(pcm, RATE), 4 << 20)):
+                           (lambda: spans.sound_span(pcm, RATE), 4 << 20)):
             tracemalloc.reset_peak()
             base = tracemalloc.get_traced_memory()[0]
             fn()

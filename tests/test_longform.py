@@ -209,7 +209,7 @@ def test_the_stream_and_the_file_cut_by_one_pause_rule():
     import numpy as np
 
     from whistle_stream.rules import quiet_runs
-    from whistle_stream.streaming import last_pause
+    from whistle_stream.spans import last_pause
 
     rate = 16000
     t = np.arange(rate) / rate

@@ -241,7 +241,7 @@ def _speechlike(seconds: float, rng) -> np.ndarray:
 
 
 def test_last_pause_finds_the_newest_long_quiet_run():
-    from whistle_stream.streaming import last_pause
+    from whistle_stream.spans import last_pause
 
     rng = np.random.default_rng(0)
     gap = np.zeros(int(0.6 * RATE), np.float32)
@@ -264,7 +264,7 @@ def test_last_pause_finds_the_newest_long_quiet_run():
 
 
 def test_a_pass_leaves_out_digital_silence_at_the_buffer_start_and_most_of_it_at_the_end():
-    from whistle_stream.streaming import EDGE_ZEROS_S, sound_span
+    from whistle_stream.spans import EDGE_ZEROS_S, sound_span
 
     audio = np.concatenate([np.zeros(RATE, np.float32), np.full(RATE // 2, 0.1, np.float32),
                             np.zeros(RATE, np.float32)])
@@ -278,7 +278,7 @@ def test_digital_silence_is_what_a_resampler_leaves_of_exact_zeros():
     (ringing, float round-off); under one step of 16-bit PCM they are still digital silence, so
     the pass is cut as it is for the exact zeros (streams heard through a 48 kHz microphone read up
     to 20 points worse when they counted as sound). A 16-bit sample one step off zero is sound."""
-    from whistle_stream.streaming import DIGITAL_SILENCE, sound_span
+    from whistle_stream.spans import DIGITAL_SILENCE, sound_span
 
     rng = np.random.default_rng(0)
     audio = np.concatenate([np.zeros(RATE, np.float32), np.full(RATE // 2, 0.1, np.float32),
@@ -293,7 +293,7 @@ def test_digital_silence_is_what_a_resampler_leaves_of_exact_zeros():
 def test_finishing_a_buffer_of_sub_step_values_runs_no_pass():
     """A buffer holding only digital silence a resampler left a few 1e-6 off zero (a muted 48 kHz
     microphone) has nothing to read: finish runs no pass over it, as for exact zeros."""
-    from whistle_stream.streaming import DIGITAL_SILENCE
+    from whistle_stream.spans import DIGITAL_SILENCE
 
     for fill in (np.zeros(RATE // 2, np.float32),
                  (np.random.default_rng(0).uniform(-0.99, 0.99, RATE // 2) * DIGITAL_SILENCE).astype(np.float32)):
@@ -326,7 +326,7 @@ class Babbler(FakeModel):
 def test_more_words_than_the_audio_could_hold_are_not_heard():
     """A 0.6 s noise burst read as a six-word sentence is not committed when the utterance ends
     (finalize), and the reading does not cut the buffer: the words after it still come."""
-    from whistle_stream.streaming import MAX_WORDS_PER_S, sayable
+    from whistle_stream.spans import MAX_WORDS_PER_S, sayable
 
     assert sayable(4, 0.5) and not sayable(6, 0.6) and sayable(int(MAX_WORDS_PER_S * 2) + 1, 2.0)
     burst = np.full(int(0.6 * RATE), UNIT, np.float32)
@@ -347,7 +347,7 @@ def test_more_words_than_the_audio_could_hold_are_not_heard():
 def test_a_pass_keeps_some_digital_silence_around_clean_speech():
     """Speech with no noise floor (its pauses are exact zeros) keeps CLEAN_MARGIN_S of the zeros
     on each side, as clips with silence around the speech are what the model was trained on."""
-    from whistle_stream.streaming import CLEAN_MARGIN_S, sound_span
+    from whistle_stream.spans import CLEAN_MARGIN_S, sound_span
 
     z = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
     word = np.full(RATE // 2, 0.1, np.float32)

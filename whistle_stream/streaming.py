@@ -17,18 +17,28 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
 from .commit import CommitPolicy
 from .results import StreamUpdate, Word
 from .longform import cut_point
-from .rules import (CONTEXT_PAUSE_S, CONTEXT_S, LOUDNESS, PAUSE_S, WINDOW_S, ends_sentence, frame_levels,
-                    quiet_under, quiet_runs, speech_level)
+from .rules import CONTEXT_PAUSE_S, CONTEXT_S, LOUDNESS, WINDOW_S, ends_sentence, frame_levels, quiet_under, speech_level
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .whistle import Whistle
+from .spans import DIGITAL_SILENCE, last_pause, sayable, sound_span
+
+
+class StreamModel(Protocol):
+    """What a stream reads of its model (`whistle.Whistle`): no import of the model's module."""
+
+    dims: Any
+
+    def load_audio(self, audio) -> np.ndarray: ...
+    def check_language(self, language: str | None) -> str | None: ...
+    def parse_keywords(self, keywords) -> list[str]: ...
+    def transcribe_words(self, audio, language: str | None = None, keywords=None, beams: int | None = None,
+                         open_end: bool = False, prefix: str = "", draft=(), memo: "PassMemo | None" = None) -> dict: ...
 
 MAX_BUFFER_S = WINDOW_S  # one pass covers at most one window
 MIN_STEP_S, MAX_STEP_S = 0.1, 10.0  # the pass step a stream accepts (the service's range too)
@@ -39,13 +49,6 @@ TRIM_MARGIN_S = 0.24
 # the newest second stays pending, and at a pause the whole utterance is read at once
 # (docs/streaming.md has the measurements behind the figure).
 HOLD_S = 1.0
-EDGE_ZEROS_S = 0.02  # digital silence a pass keeps after noisy speech (see sound_span)
-CLEAN_MARGIN_S = 0.3  # ... and on each side of clean speech (no noise floor)
-# Digital silence: samples under one step of 16-bit PCM (any 16-bit sample that is not zero is
-# sound). A resampler's ringing and float round-off leave exact zeros a few 1e-6 off zero (a 48 kHz
-# microphone resampled to 16 kHz), which is no sound.
-DIGITAL_SILENCE = 1.0 / 32768.0
-MAX_WORDS_PER_S = 6.0  # a pass reading more words than this a second of its audio heard none (see sayable)
 # A committed word may start this much before a pass's audio (its sound span starts inside the
 # word's first frames) and still be fed as the pass's prefix.
 PREFIX_SLACK_S = 0.1
@@ -93,7 +96,7 @@ class StreamSession:
     `language`, `received` seconds, `pass_ms` (0 when no pass ran) and `revision`.
     """
 
-    def __init__(self, model: "Whistle", language: str | None = None, keywords=None, step_s: float = 1.0,
+    def __init__(self, model: StreamModel, language: str | None = None, keywords=None, step_s: float = 1.0,
                  beams: int | None = None, on_pass: Callable[[StreamUpdate], None] | None = None,
                  on_trim: Callable[[float], None] | None = None, stable_at_pause: bool = True,
                  prefill: bool = True, interim_beams: int | None = INTERIM_BEAMS):
@@ -163,7 +166,7 @@ class StreamSession:
         return self._buffer_start / self.rate
 
     @classmethod
-    def restore(cls, model: "Whistle", state: dict, keywords=None, beams: int | None = None,
+    def restore(cls, model: StreamModel, state: dict, keywords=None, beams: int | None = None,
                 **options) -> "StreamSession":
         """A stream that continues a `checkpoint()`: feed it the audio from the checkpoint's
         `buffer_start_s` on. Raises ValueError for a state this model and step cannot continue."""
@@ -532,85 +535,11 @@ class StreamSession:
                             pass_ms=round(out["pass_ms"], 3), revision=self.revision)
 
 
-def last_pause(audio: np.ndarray, rate: int, since: int = 0, pause_s: float = PAUSE_S,
-               drop_db: float = LOUDNESS.pause_db, leading: bool = True) -> int | None:
-    """The sample at the middle of the last pause of `audio` that ends after sample `since`, or None.
-
-    A pause is a run of at least `pause_s` seconds of 20 ms frames all `drop_db` below the clip's
-    speech level (the 90th percentile of its frame RMS); in digital silence the whole clip is one.
-    A run still open at the clip's end counts from its start to the end. leading=False skips a run
-    that starts the clip (quiet before anything was said ends no utterance)."""
-    q = quiet_runs(audio, rate, drop_db)
-    need = q.frames_in(pause_s)
-    if q.frames < need or need < 1:
-        return None
-    for start, end in reversed(q.runs):  # newest first
-        if q.sample(end) <= since:
-            return None
-        if end - start >= need and (leading or start > 0):
-            return q.head + (start + end) * q.frame // 2
-    return None
-
-
-def sound_span(audio: np.ndarray, rate: int = 16000, keep_s: float = EDGE_ZEROS_S,
-               margin_s: float = CLEAN_MARGIN_S, floor_db: float = LOUDNESS.clean_db) -> tuple[int, int]:
-    """The span a pass transcribes: the non-zero audio, with digital silence kept around it only
-    where the recording has no noise floor.
-
-    Digital silence (a muted or gated input, the gaps of a spliced recording) carries no sound, and
-    the front end standardises the features over the whole clip (§3), so a run of exact zeros next
-    to noisy speech shifts every frame's features (a sentence read correctly alone is misread
-    between runs of zeros). Noisy audio (its quietest 20 ms frame within `floor_db` of the speech level) is
-    therefore cut to its non-zero samples plus `keep_s` after them, so that a word followed by
-    silence still reads as ended. Clean audio (a quietest frame further down: speech recorded or
-    synthesised without a noise floor) gets `margin_s` of its zeros on each side instead: models are
-    trained on clips with silence around the speech, and cut tight a model doubles sentences
-    (docs/streaming.md, "Silence inside the buffer").
-    """
-    bounds = _sound_bounds(audio)
-    if bounds is None:
-        return 0, 0
-    first, last = bounds
-    rms = frame_levels(audio[first:last], rate)
-    if len(rms) >= 3:
-        level = speech_level(rms)
-        if level > 0.0 and float(rms.min()) < quiet_under(level, floor_db):
-            margin = int(margin_s * rate)
-            return max(0, first - margin), min(len(audio), last + margin)
-    return first, min(len(audio), last + int(keep_s * rate))
-
-
-def _sound_bounds(audio: np.ndarray, block: int = 16000) -> tuple[int, int] | None:
-    """[first, last) of the samples that are not digital silence, or None: found a block at a time
-    from each end (an hour's mask of every sample's index would be 460 MB)."""
-    first = None
-    for a in range(0, len(audio), block):
-        hit = np.flatnonzero(np.abs(audio[a:a + block]) >= DIGITAL_SILENCE)
-        if len(hit):
-            first = a + int(hit[0])
-            break
-    if first is None:
-        return None
-    b = len(audio)
-    while True:   # ends at the latest in the block holding `first`, which is sound
-        a = max(first, b - block)
-        hit = np.flatnonzero(np.abs(audio[a:b]) >= DIGITAL_SILENCE)
-        if len(hit):
-            return first, a + int(hit[-1]) + 1
-        b = a
-
-
-def sayable(words: int, seconds: float) -> bool:
-    """Whether `words` words fit in `seconds` of audio: at most MAX_WORDS_PER_S a second, plus one
-    (fast read English runs 4-5 words a second; a word cut at a pass's edge counts whole)."""
-    return words <= MAX_WORDS_PER_S * seconds + 1
-
-
 def _join(words: Iterable[Word]) -> str:
     return " ".join(w.word for w in words)
 
 
-def stream(model: "Whistle", chunks: Iterable, language=None, keywords=None,
+def stream(model: StreamModel, chunks: Iterable, language=None, keywords=None,
            step_s: float = 1.0) -> Iterator[StreamUpdate]:
     """Generator form: one StreamUpdate per chunk, then finish()'s."""
     session = StreamSession(model, language=language, keywords=keywords, step_s=step_s)

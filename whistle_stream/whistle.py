@@ -28,7 +28,8 @@ from .kernels._cache import compiled_here
 from .results import Decoding, KernelPath, Transcription, Warmup, Word
 from .rules import BEAMS, MAX_BEAMS, READ_BY, WINDOW_S, ends_sentence
 from .search import _text_logprobs, beam_search, greedy_draft
-from .streaming import PassMemo, StreamSession, sound_span
+from .spans import sound_span
+from .streaming import PassMemo, StreamSession
 from .streaming import stream as stream_updates
 
 # A prefix is fed only while this many positions stay after it (the prompt, some text, </s>).
