@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
@@ -86,6 +87,19 @@ class PassMemo:
             return True
         self.heard, self.encoded, self.settings, self.reading = heard, None, None, None
         return False
+
+
+@dataclass
+class _Reading:
+    """One pass's reading: its words (stream seconds), whether it heard speech, the language it
+    detected, the frame levels and the seconds of sound it read; `silent`: not read at all."""
+
+    words: list[Word]
+    speech: bool
+    language: str
+    levels: np.ndarray
+    seconds: float
+    silent: bool = False
 
 
 class StreamSession:
@@ -358,89 +372,103 @@ class StreamSession:
         the pass before (default: one step before `end`)."""
         t0 = time.perf_counter()
         audio = self._buffer[: end - self._buffer_start]
-        # An utterance that ended at a pause in the audio since the last pass (the newest step) is
-        # heard alone, up to the pause, as a one-shot transcription would hear it; what follows the
-        # pause waits for the next pass, whose buffer starts there.
-        gap = self._utterance_end(audio, self.step if since is None else max(self.step, end - since))
-        if self._pause_at is not None and self._pause_at <= self._buffer_start:
-            self._pause_at = None  # its audio is gone (a forced trim): nothing left to read again
-        waiting = self._pause_at is not None
-        if self._pause_at is not None:
-            # The previous pass found the utterance's end but its reading was not yet confirmed:
-            # this pass reads it again, up to the middle of the same pause as it stands now.
-            stored = self._pause_at - self._buffer_start
-            gap = self._pause_after(audio, max(0, stored - 1))
-            gap = stored if gap is None else gap
-        heard = audio if gap is None else audio[:gap]
-        first, last = sound_span(heard, self.rate)
-        offset = (self._buffer_start + first) / self.rate
-        levels = frame_levels(heard[first:last], self.rate)
+        gap, waiting = self._pass_end(audio, end, since)
         # After an utterance kept as context, a pass runs only once something is said after it.
         idle = self._context_at is not None and not waiting and self._silent(audio[self._kept(audio):])
-        if idle or self._speech_level > 0.0 and self._silent(heard[first:last]):
-            # Every frame the pass would hear is pause_db under the stream's last speech: silence,
-            # however the silence gate (§8, relative to the clip itself) judges a faint tail: a
-            # faint tail decoded reads as a sentence that was never said.
-            result: dict[str, Any] = {"speech": False, "language": "", "words": []}
+        reading = self._read(audio if gap is None else audio[:gap], gap is None, gap is None and not closing, idle)
+        if reading.silent:
             gap = None
-        else:
-            interim = gap is None and not closing
-            beams = self.interim_beams if interim and self.interim_beams is not None else self.beams
-            start, tokens = self._reading
-            result = self.model.transcribe_words(
-                heard[first:last], language=self.language or None, keywords=self.keywords, beams=beams,
-                open_end=gap is None, prefix=self._prefix(offset),
-                draft=tokens if start == self._buffer_start else (), memo=self._memo)
-            self._reading = (self._buffer_start, result.get("tokens", []))
         # what this pass heard: a pass that ends an utterance at a pause leaves what follows unread
         self._heard_to = end if gap is None else self._buffer_start + gap
         self.passes += 1
-        words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"])
-                 for w in result["words"]]
-        unsayable = (result["speech"] and (closing or gap is not None)
-                     and not sayable(len(words), (last - first) / self.rate))
+        unsayable = reading.speech and (closing or gap is not None) and not sayable(len(reading.words), reading.seconds)
         if unsayable:
             # A reading about to be committed (the utterance ends here) with more words than its
             # audio could hold: a noise burst or the first breath of an utterance read as a
             # sentence (a small model reads 0.7 s of noise as "Will it rain in Berlin tomorrow?").
             # The pass counts for nothing: no words, and the buffer stays as it is. (An open pass
             # reading ahead of its audio only shows pending words; the next pass reads them again.)
-            words, result = [], {**result, "speech": False}
-        if result["speech"] and len(levels):
-            self._speech_level = speech_level(levels)
-        if result["language"] and not self.language:
-            self.language = result["language"]  # detected on the first pass with speech, then held
-        if result["speech"]:
+            reading = _Reading([], False, "", reading.levels, reading.seconds)
+        if reading.speech and len(reading.levels):
+            self._speech_level = speech_level(reading.levels)
+        if reading.language and not self.language:
+            self.language = reading.language  # detected on the first pass with speech, then held
+        if reading.speech:
             hold = None if gap is not None else end / self.rate - HOLD_S
-            self._commit(self.policy.update(words, hold), out)
-        elif idle and self._context_at is not None:
-            # Silence after a sentence's first words: past CONTEXT_PAUSE_S it is over for the
-            # reader too, and what follows starts afresh (the newest step kept, as below).
-            if end - self._context_at > CONTEXT_PAUSE_S * self.rate:
-                self._cut_utterance(max(self._context_at, end - self.step))
+            self._commit(self.policy.update(reading.words, hold), out)
+        elif idle:
+            self._forget_after_long_pause(end)
         elif gap is None and not unsayable:
             # Silence gate (§8): no speech yet, the buffer is a pause, but the newest step is kept:
             # a quiet lead-in (breath, room noise) that the gate passed over may be the start of the
             # next utterance, and the model was trained on clips with 0.1-0.8 s of it (cut to less,
             # the next utterance's first words are misread).
             gap = max(0, len(audio) - self.step)
-        if gap is not None and self.stable_at_pause and not waiting and self._pending and result["speech"]:
-            # An utterance ended at the pause, but this pass read its tail differently from the
-            # pass before: it is final once a second pass at the pause reads it the same (or
-            # after that pass in any case).
+        self._settle(gap, waiting, reading.speech, out)
+        self._bound_buffer(end, out)
+        elapsed = time.perf_counter() - t0
+        self.pass_seconds_total += elapsed
+        out["pass_ms"] += elapsed * 1000.0
+
+    def _pass_end(self, audio: np.ndarray, end: int, since: int | None) -> tuple[int | None, bool]:
+        """(where the pass's reading stops: an utterance's end in `audio`, or None for its end;
+        whether it reads again an utterance end the pass before found)."""
+        # An utterance that ended at a pause in the audio since the last pass (the newest step) is
+        # heard up to the pause, as a one-shot transcription would hear it; what follows the
+        # pause waits for the next pass.
+        gap = self._utterance_end(audio, self.step if since is None else max(self.step, end - since))
+        if self._pause_at is not None and self._pause_at <= self._buffer_start:
+            self._pause_at = None  # its audio is gone (a forced trim): nothing left to read again
+        if self._pause_at is None:
+            return gap, False
+        # The previous pass found the utterance's end but its reading was not yet confirmed: this
+        # pass reads it again, up to the middle of the same pause as it stands now.
+        stored = self._pause_at - self._buffer_start
+        again = self._pause_after(audio, max(0, stored - 1))
+        return (stored if again is None else again), True
+
+    def _read(self, heard: np.ndarray, open_end: bool, interim: bool, idle: bool) -> "_Reading":
+        """The model's reading of `heard` (a pass's audio up to where it stops; `open_end`: at the
+        newest audio, not a pause; `interim`: its words stay pending, so one beam), its words in
+        stream seconds; silence when `idle` or when every frame is pause_db under the stream's last
+        speech, however the silence gate (§8, relative to the clip itself) judges a faint tail: a
+        faint tail decoded reads as a sentence that was never said."""
+        first, last = sound_span(heard, self.rate)
+        levels = frame_levels(heard[first:last], self.rate)
+        seconds = (last - first) / self.rate
+        if idle or self._speech_level > 0.0 and self._silent(heard[first:last]):
+            return _Reading([], False, "", levels, seconds, silent=True)
+        offset = (self._buffer_start + first) / self.rate
+        beams = self.interim_beams if interim and self.interim_beams is not None else self.beams
+        start, tokens = self._reading
+        result = self.model.transcribe_words(
+            heard[first:last], language=self.language or None, keywords=self.keywords, beams=beams,
+            open_end=open_end, prefix=self._prefix(offset),
+            draft=tokens if start == self._buffer_start else (), memo=self._memo)
+        self._reading = (self._buffer_start, result.get("tokens", []))
+        words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"]) for w in result["words"]]
+        return _Reading(words, bool(result["speech"]), result["language"], levels, seconds)
+
+    def _forget_after_long_pause(self, end: int) -> None:
+        """Silence after a sentence's first words: past CONTEXT_PAUSE_S it is over for the reader
+        too, and what follows starts afresh (the newest step kept, as the silence gate keeps it)."""
+        if self._context_at is not None and end - self._context_at > CONTEXT_PAUSE_S * self.rate:
+            self._cut_utterance(max(self._context_at, end - self.step))
+
+    def _settle(self, gap: int | None, waiting: bool, speech: bool, out: dict) -> None:
+        """After a pass that stopped at an utterance's end (`gap`): its words final, or, when the
+        tail read differently from the pass before, one more reading at the pause first."""
+        if gap is not None and self.stable_at_pause and not waiting and self._pending and speech:
+            # It is final once a second pass at the pause reads it the same (or after that pass
+            # in any case).
             self._pause_at = self._buffer_start + gap
         elif gap is not None:
-            # An utterance ended at the pause: its words are final, and the buffer restarts there.
             boundary = (self._buffer_start + gap) / self.rate
             self._commit(self.policy.commit_through(boundary), out)
             self._end_utterance(self._buffer_start + gap, keep_context=True)
             self._pause_at = None
         else:
             self._pause_at = None
-        self._bound_buffer(end, out)
-        elapsed = time.perf_counter() - t0
-        self.pass_seconds_total += elapsed
-        out["pass_ms"] += elapsed * 1000.0
 
     def _prefix(self, offset: float) -> str:
         """The committed words a pass from `offset` (seconds) begins with: the current utterance's,
