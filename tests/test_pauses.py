@@ -19,12 +19,12 @@ UNIT = 0.01
 
 
 def said(*parts) -> np.ndarray:
-    """("w", k): a 0.4 s word the fake reader hears as w{k} (w4, w9... end a sentence), then 0.05 s
-    of silence;
+    """("w", k): a 0.4 s word the fake reader hears as w{k} (w4, w9... end a sentence; k < 10, all
+    within 6 dB of each other), then 0.05 s of silence;
     ("z", s): s seconds of silence."""
     out = []
     for kind, v in parts:
-        out += [np.full(int(0.4 * RATE), UNIT * (v + 1), np.float32), np.zeros(int(0.05 * RATE), np.float32)] \
+        out += [np.full(int(0.4 * RATE), UNIT * (v + 10), np.float32), np.zeros(int(0.05 * RATE), np.float32)] \
             if kind == "w" else [np.zeros(int(v * RATE), np.float32)]
     return np.concatenate(out)
 
@@ -42,7 +42,7 @@ class Reader:
         if len(loud):
             runs = np.split(loud, np.flatnonzero(np.diff(loud) > 1) + 1)
             for run in runs:
-                k = int(round(float(pcm[run[0]]) / UNIT)) - 1
+                k = int(round(float(pcm[run[0]]) / UNIT)) - 10
                 words.append(Word(f"w{k}" + ("." if k % 5 == 4 else ""), run[0] / RATE, (run[-1] + 1) / RATE, 0.9))
         self.passes.append([w.word for w in words])
         self.seconds.append(len(pcm) / RATE)
@@ -119,3 +119,24 @@ def test_the_card_beside_a_model_says_how_many_sentences_it_reads_a_pass(tmp_pat
     (tmp_path / "m.json").write_text("[1]")
     with pytest.raises(ModelNotFoundError, match="not a JSON object"):
         read_card(model)
+
+
+def test_a_pause_inside_a_clip_is_closed_to_a_tenth_of_a_second_and_times_map_back():
+    from whistle_stream.rules import PAUSE_KEEP_S
+    from whistle_stream.spans import close_pauses
+
+    rng = np.random.default_rng(0)
+    t = np.arange(int(0.8 * RATE)) / RATE
+    word = (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+    z = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
+    audio = np.concatenate([z(0.5), word, z(1.0), word, z(0.3), word, z(0.5)])
+    audio = audio + rng.normal(0, 0.3 / 10 ** (30 / 20), len(audio)).astype(np.float32)   # a hiss 30 dB down
+    closed = close_pauses(audio, RATE)
+    assert len(closed.cuts) == 1                                   # the 1 s pause; not 0.3 s, not the ends
+    at, removed = closed.cuts[0]
+    assert abs(removed - (1.0 - PAUSE_KEEP_S)) < 0.05 and abs(at - (1.3 + PAUSE_KEEP_S / 2)) < 0.05
+    assert len(closed.audio) == len(audio) - int(round(removed * RATE))
+    second = 0.5 + 0.8 + 1.0                                       # where the second word starts
+    assert abs(closed.original(second - removed) - second) < 1e-6 and closed.original(0.7) == 0.7
+    fluent = np.concatenate([z(0.5), word, z(0.2), word, z(0.5)])
+    assert close_pauses(fluent, RATE).cuts == () and close_pauses(z(2.0), RATE).cuts == ()

@@ -10,6 +10,7 @@ a frame is *quiet* when it is at least some dB under that level. Each rule's dB 
 | `pause_db`: a pause, silence   | 40                        | streaming (utterance ends)      |
 | `clean_db`: no noise floor     | 50                        | streaming (`sound_span`)        |
 | `sounding_db`: a frame sounds  | 35                        | word times (`sounding_frames`)  |
+| `gap_db`: a gap between words  | 20                        | pauses closed (`close_pauses`)  |
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ PAUSE_S = 0.45              # quiet frames (`LOUDNESS.pause_db`) this long make 
 # that lies at most CONTEXT_S before the pause and the pause lasts at most CONTEXT_PAUSE_S.
 CONTEXT_S = 10.0
 CONTEXT_PAUSE_S = 1.5
+# A pause inside the audio a pass reads is shortened to this much: a model trained on fluent speech
+# reads "set a timer for ... twelve minutes" as one sentence once the pause is closed, and as two
+# (or a guess at one) with it.
+PAUSE_KEEP_S = 0.1
 # How `transcribe` reads a clip, the first the default everywhere (Python API, CLI, server):
 # "utterances" reads up to 30 s in one pass and longer audio cut at its pauses, in passes of whole
 # utterances; "windows" runs the guide's 30 s windows (§8) exactly.
@@ -48,6 +53,7 @@ class Loudness:
     pause_db: float = 40.0
     clean_db: float = 50.0
     sounding_db: float = 35.0
+    gap_db: float = 20.0
 
 
 LOUDNESS = Loudness()
@@ -120,7 +126,7 @@ class QuietRuns:
 
 def quiet_runs(audio: np.ndarray, rate: int, drop_db: float = LOUDNESS.pause_db) -> QuietRuns:
     """`audio` measured by the pause rule (`QuietRuns`): the one definition of what is quiet that
-    the stream's utterance ends (`streaming.last_pause`) and a file's utterances
+    the stream's utterance ends (`spans.last_pause`) and a file's utterances
     (`longform.utterance_spans`) are both cut by."""
     frame = pause_frame(rate)
     rms = frame_levels(audio, rate)

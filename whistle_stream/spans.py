@@ -1,15 +1,18 @@
 """Where the sound is in a pass's audio: pauses, the span a pass reads, how many words fit.
 
 Signal rules the stream and the file reader share (guide §8): `last_pause` finds where an
-utterance ends, `sound_span` frames what a pass transcribes, `sayable` bounds the words a stretch
-of audio can hold. Plain NumPy on samples; nothing here knows a model.
+utterance ends, `sound_span` frames what a pass transcribes, `close_pauses` shortens the pauses
+inside it, `sayable` bounds the words a stretch of audio can hold. Plain NumPy on samples;
+nothing here knows a model.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .rules import LOUDNESS, PAUSE_S, frame_levels, quiet_runs, quiet_under, speech_level
+from .rules import LOUDNESS, PAUSE_KEEP_S, PAUSE_S, frame_levels, quiet_runs, quiet_under, speech_level
 
 EDGE_ZEROS_S = 0.02  # digital silence a pass keeps after noisy speech (see sound_span)
 CLEAN_MARGIN_S = 0.3  # ... and on each side of clean speech (no noise floor)
@@ -92,3 +95,44 @@ def sayable(words: int, seconds: float) -> bool:
     """Whether `words` words fit in `seconds` of audio: at most MAX_WORDS_PER_S a second, plus one
     (fast read English runs 4-5 words a second; a word cut at a pass's edge counts whole)."""
     return words <= MAX_WORDS_PER_S * seconds + 1
+
+
+@dataclass(frozen=True)
+class Closed:
+    """Audio with its inner pauses shortened (`close_pauses`), and where: `cuts` holds, for each
+    pause, the second in the closed audio where samples were taken out and how many seconds."""
+
+    audio: np.ndarray
+    cuts: tuple[tuple[float, float], ...] = ()
+
+    def original(self, t: float) -> float:
+        """A time in the closed audio (seconds) as a time in the audio it was made from."""
+        return t + sum(removed for at, removed in self.cuts if t > at + 1e-9)
+
+
+def close_pauses(audio: np.ndarray, rate: int = 16000, keep_s: float = PAUSE_KEEP_S, min_s: float = PAUSE_S) -> Closed:
+    """`audio` with every pause inside it shortened to `keep_s`, half of it kept on each side. A
+    pause here is a run of at least `min_s` of 20 ms frames `LOUDNESS.gap_db` under the speech
+    level, not at either end: the room between words over a microphone's hiss, which the
+    utterance rule's `pause_db` does not hear. A sentence said with a pause in it then reaches the
+    model as the sentence: models are trained on fluent clips, and read a pause inside one as a
+    sentence's end."""
+    q = quiet_runs(audio, rate, LOUDNESS.gap_db)
+    if q.silent:
+        return Closed(audio)
+    need, half = max(1, q.frames_in(min_s)), int(keep_s * rate / 2)
+    pieces, cuts, at, length = [], [], 0, 0
+    for start, end in q.runs:
+        if start == 0 or end == q.frames or end - start < need:
+            continue
+        a, b = q.sample(start) + half, q.sample(end) - half
+        if b <= a:
+            continue
+        pieces.append(audio[at:a])
+        length += a - at
+        cuts.append((length / rate, (b - a) / rate))
+        at = b
+    if not cuts:
+        return Closed(audio)
+    pieces.append(audio[at:])
+    return Closed(np.concatenate(pieces), tuple(cuts))

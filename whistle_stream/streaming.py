@@ -27,7 +27,7 @@ from .results import StreamUpdate, Word
 from .longform import cut_point
 from .rules import CONTEXT_PAUSE_S, CONTEXT_S, LOUDNESS, WINDOW_S, ends_sentence, frame_levels, quiet_under, speech_level
 
-from .spans import DIGITAL_SILENCE, last_pause, sayable, sound_span
+from .spans import DIGITAL_SILENCE, close_pauses, last_pause, sayable, sound_span
 
 
 class StreamModel(Protocol):
@@ -441,12 +441,14 @@ class StreamSession:
         offset = (self._buffer_start + first) / self.rate
         beams = self.interim_beams if interim and self.interim_beams is not None else self.beams
         start, tokens = self._reading
+        closed = close_pauses(heard[first:last], self.rate)   # a sentence's start and its rest, as said
         result = self.model.transcribe_words(
-            heard[first:last], language=self.language or None, keywords=self.keywords, beams=beams,
+            closed.audio, language=self.language or None, keywords=self.keywords, beams=beams,
             open_end=open_end, prefix=self._prefix(offset),
             draft=tokens if start == self._buffer_start else (), memo=self._memo)
         self._reading = (self._buffer_start, result.get("tokens", []))
-        words = [Word(w["word"], w["start"] + offset, w["end"] + offset, w["probability"]) for w in result["words"]]
+        words = [Word(w["word"], closed.original(w["start"]) + offset, closed.original(w["end"]) + offset,
+                      w["probability"]) for w in result["words"]]
         return _Reading(words, bool(result["speech"]), result["language"], levels, seconds)
 
     def _forget_after_long_pause(self, end: int) -> None:

@@ -28,7 +28,7 @@ from .kernels._cache import compiled_here
 from .results import Decoding, KernelPath, Transcription, Warmup, Word
 from .rules import BEAMS, MAX_BEAMS, READ_BY, WINDOW_S, ends_sentence
 from .search import _text_logprobs, beam_search, greedy_draft
-from .spans import sound_span
+from .spans import close_pauses, sound_span
 from .streaming import PassMemo, StreamSession
 from .streaming import stream as stream_updates
 
@@ -310,9 +310,11 @@ class Whistle(ModelFile):
             first, last = sound_span(pcm[a:b], d.rate)
             if last <= first:
                 return []
-            part = self._transcribe_long(pcm[a + first:a + last], stats["language"], biaser, beams, True, None, stats)
+            closed = close_pauses(pcm[a + first:a + last], d.rate)   # a sentence said with pauses, as said
+            part = self._transcribe_long(closed.audio, stats["language"], biaser, beams, True, None, stats)
             offset = (a + first) / d.rate
-            return [replace(w, start=round(w.start + offset, 3), end=round(w.end + offset, 3)) for w in part.words or ()]
+            return [replace(w, start=round(closed.original(w.start) + offset, 3),
+                            end=round(closed.original(w.end) + offset, 3)) for w in part.words or ()]
 
         i = 0
         while i < len(spans):
