@@ -11,7 +11,9 @@ sentence (the two halves spoken with one voice setting, their edges trimmed); an
 time, 0.6 s apart. Every clip gets 0.5 s of lead-in, 1.5 s of tail and a noise floor 30 dB under
 the speech. Files: `Whistle.transcribe(clip)` as `whistle-stream transcribe` reads it. Live: our
 protocol against `whistle-stream serve`, paced in real time, 100 ms a frame, `--sessions` clips at
-once; the text is the session's `final`. WER is against the sentence; the column after each figure
+once; the text is the session's `final`; "live" with the server's VAD (the default: it ends an
+utterance after 600 ms of non-speech), "no-vad" with `vad=false` (every sample to the engine,
+whose pause rule ends utterances). WER is against the sentence; the column after each figure
 is its difference from the fluent reading of the same arm (the targets: at most 2 points with one
 pause, 10 word by word).
 
@@ -98,11 +100,11 @@ def load_clips(n: int, cache: Path) -> tuple[list[str], dict[str, list[np.ndarra
 
 # ---- one arm: a checkout and a model, in a process of its own ---------------------------------
 
-async def _live_one(url: str, audio: np.ndarray, delay: float) -> str:
+async def _live_one(url: str, audio: np.ndarray, delay: float, vad: bool) -> str:
     from whistle_stream.clients.client import ListenClient
 
     await asyncio.sleep(delay)
-    async with ListenClient(url, resume=False) as client:
+    async with ListenClient(url, resume=False, vad=vad) as client:
         t0, frame = time.monotonic(), int(FRAME_S * RATE)
         for i in range(0, len(audio), frame):
             await client.send_audio(audio[i:i + frame])
@@ -111,7 +113,7 @@ async def _live_one(url: str, audio: np.ndarray, delay: float) -> str:
     return final.text
 
 
-async def _live(url: str, clips: list[np.ndarray], sessions: int) -> list[str]:
+async def _live(url: str, clips: list[np.ndarray], sessions: int, vad: bool) -> list[str]:
     out: list[str] = [""] * len(clips)
     queue = list(enumerate(clips))
 
@@ -119,7 +121,7 @@ async def _live(url: str, clips: list[np.ndarray], sessions: int) -> list[str]:
         first = True
         while queue:
             i, audio = queue.pop(0)
-            out[i] = await _live_one(url, audio, 0.37 * k if first else 0.0)
+            out[i] = await _live_one(url, audio, 0.37 * k if first else 0.0, vad)
             first = False
     await asyncio.gather(*(worker(k) for k in range(sessions)))
     return out
@@ -133,15 +135,18 @@ def arm(args) -> None:
     texts, clips = load_clips(args.sentences, Path(args.clips))
     model = Whistle(args.model)
     model.warmup()
-    out: dict[str, dict[str, list[str]]] = {"files": {}, "live": {}}
+    out: dict[str, dict[str, list[str]]] = {"files": {}, "live": {}, "no-vad": {}}
     for c in CONDITIONS:
         out["files"][c] = [model.transcribe(a)["text"] for a in clips[c]]
     if not args.no_live:
         launcher = [sys.executable, str(Path(__file__).resolve()), "--serve", str(args.engine)]
-        flags = ["--max-sessions", str(args.sessions + 4)] + (["--model", args.model] if args.model else [])
+        # the engine in the server's process, which runs the arm's checkout (engine processes
+        # would import the installed one)
+        flags = ["--max-sessions", str(args.sessions + 4), "--processes", "1"] + (["--model", args.model] if args.model else [])
         with ServerProcess(*flags, command=launcher) as server:
-            for c in CONDITIONS:
-                out["live"][c] = asyncio.run(_live(server.url, clips[c], args.sessions))
+            for mode, vad in (("live", True), ("no-vad", False)):
+                for c in CONDITIONS:
+                    out[mode][c] = asyncio.run(_live(server.url, clips[c], args.sessions, vad))
     Path(args.json).write_text(json.dumps(out))
 
 
@@ -161,13 +166,13 @@ def report(name: str, texts: list[str], out: dict) -> dict[str, dict[str, float]
     from harness.wer import wer
 
     figures: dict[str, dict[str, float]] = {}
-    for mode in ("files", "live"):
+    for mode in ("files", "live", "no-vad"):
         if not out[mode]:
             continue
         figures[mode] = {c: 100 * wer(texts, out[mode][c]) for c in CONDITIONS}
         base = figures[mode]["fluent"]
         cells = "  ".join(f"{c} {v:5.1f} % ({v - base:+5.1f})" for c, v in figures[mode].items())
-        print(f"{name:8s} {mode:5s}  {cells}", flush=True)
+        print(f"{name:8s} {mode:6s}  {cells}", flush=True)
     return figures
 
 

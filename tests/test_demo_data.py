@@ -512,3 +512,28 @@ def test_every_festival_voice_speaks():
     for voice in demo_data.FAMILIES["festival"]:
         audio = demo_data.make_clip("Call mom on her mobile phone.", voice, seed=1)
         assert audio.dtype == np.float32 and np.abs(audio).max() > 0.05, voice
+
+
+def test_paused_items_put_pauses_inside_sentences_and_keep_fragments_as_their_own_clips():
+    items = demo_data.paused_items(400, seed=0, voices="broad")
+    assert items == demo_data.paused_items(400, seed=0, voices="broad")          # a pure function of the seed
+    reserved = demo_data._reserved(0)
+    kinds = [it["kind"] for it in items]
+    assert 0.5 < kinds.count("paused") / len(items) < 0.7
+    for it in items:
+        words = it["source"].split()
+        assert it["source"] not in reserved and not it["voice"].startswith("festival/")
+        if it["kind"] == "paused":
+            assert 1 <= len(it["cuts"]) <= 2 and all(0 < c < len(words) for c in it["cuts"])
+        else:
+            assert 1 <= it["keep"] < len(words)
+    assert any(it["kind"] == "fragment" and it["keep"] == 1 for it in items)
+
+
+@pytest.mark.slow
+def test_a_paused_clip_is_its_sentence_with_silence_inside():
+    item = next(it for it in demo_data.paused_items(20, seed=0) if it["kind"] == "paused")
+    audio, text = demo_data.make_mixed_clip(item)
+    assert text == item["source"]
+    fluent = demo_data.make_clip(text, item["voice"], item["seed"])
+    assert len(audio) > len(fluent)                          # at least PAUSE_RANGE[0] s more

@@ -140,3 +140,32 @@ def test_a_pause_inside_a_clip_is_closed_to_a_tenth_of_a_second_and_times_map_ba
     assert abs(closed.original(second - removed) - second) < 1e-6 and closed.original(0.7) == 0.7
     fluent = np.concatenate([z(0.5), word, z(0.2), word, z(0.5)])
     assert close_pauses(fluent, RATE).cuts == () and close_pauses(z(2.0), RATE).cuts == ()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("text2wave"), reason="festival is needed (.ci/run installs it)")
+def test_the_demo_model_reads_a_sentence_with_a_pause_inside_as_said():
+    """benchmarks/pauses.py in small: ten held-out sentences in festival's voices (never heard in
+    training), said fluently and with a 1 s pause inside. From a file and from a stream fed in
+    0.1 s pieces (no VAD: the stream's own pause rule), the paused readings are within 10 points of
+    the fluent ones (the 30-sentence benchmark: 4 points; with the pause left in, 17)."""
+    import sys
+
+    from harness.wer import wer
+    from whistle_stream import Whistle
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks"))
+    from pauses import sentence_clips
+
+    texts, clips = sentence_clips(10)
+    model = Whistle()
+
+    def streamed(audio):
+        stream = model.open_stream()
+        out = [stream.feed(audio[i:i + 1600]) for i in range(0, len(audio), 1600)] + [stream.finish()]
+        return "".join(u.text for u in out)
+
+    for read in (lambda a: model.transcribe(a).text, streamed):
+        fluent = wer(texts, [read(a) for a in clips["fluent"]])
+        paused = wer(texts, [read(a) for a in clips["pause 1 s"]])
+        assert paused <= fluent + 0.10, (fluent, paused)
