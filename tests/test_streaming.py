@@ -751,28 +751,28 @@ def test_a_vad_end_of_speech_keeps_the_context_and_a_client_finalize_does_not():
 
 def _hours(first: float, last: float, memory: bool) -> dict:
     """Feed a stream `last` hours of scripted speech as fast as the fake model reads it; its
-    committed words held, checkpoint size, buffer and (with `memory`) Python's allocated bytes
-    once `first` and `last` hours are in."""
+    committed words held, checkpoint size, buffer and (with `memory`) the process's resident
+    memory once `first` and `last` hours are in."""
+    import gc
     import json
-    import tracemalloc
+    import os
+
+    def rss() -> int:
+        gc.collect()
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
     speech, _ = scripted_audio(120, seed=3)
     session = StreamSession(FakeModel())
     hour, fed, seen, committed = 3600 * RATE, 0, {}, 0
-    if memory:
-        tracemalloc.start()
-    try:
-        while fed < last * hour:
-            for i in range(0, len(speech), RATE):
-                committed += len(session.feed(speech[i:i + RATE])["words"])
-            fed += len(speech)
-            for h in (first, last):
-                if h not in seen and fed >= h * hour:
-                    seen[h] = (len(session.policy.committed), len(json.dumps(session.checkpoint())),
-                               session.buffer_s, tracemalloc.get_traced_memory()[0] if memory else 0)
-    finally:
-        if memory:
-            tracemalloc.stop()
+    while fed < last * hour:
+        for i in range(0, len(speech), RATE):
+            committed += len(session.feed(speech[i:i + RATE])["words"])
+        fed += len(speech)
+        for h in (first, last):
+            if h not in seen and fed >= h * hour:
+                seen[h] = (len(session.policy.committed), len(json.dumps(session.checkpoint())),
+                           session.buffer_s, rss() if memory else 0)
     assert committed > 2000 * last                                # the stream did commit all along
     return seen
 
@@ -783,7 +783,7 @@ def _same_state(seen: dict, first: float, last: float) -> None:
     (words1, state1, buffer1, memory1), (words2, state2, buffer2, memory2) = seen[first], seen[last]
     assert words1 <= FORGET_AFTER + 40 and words2 <= FORGET_AFTER + 40, (words1, words2)
     assert state2 <= 1.5 * state1 + 2000 and buffer2 <= MAX_BUFFER_S
-    assert memory2 - memory1 < 2_000_000, (memory1, memory2)
+    assert memory2 - memory1 < 4_000_000, (memory1, memory2)
 
 
 def test_an_hour_of_audio_leaves_the_stream_as_it_was_after_a_quarter():
@@ -795,5 +795,5 @@ def test_an_hour_of_audio_leaves_the_stream_as_it_was_after_a_quarter():
 def test_eight_hours_of_audio_leave_the_stream_as_it_was_after_one():
     """Fed 8 hours as fast as the (fake) model reads them, a stream holds what it held after the
     first hour, within a small bound: its committed words (the policy forgets what no pass compares
-    with), its checkpoint, its buffer, and the memory Python allocated for it."""
+    with), its checkpoint, its buffer, and the process's resident memory (4 MB)."""
     _same_state(_hours(1.0, 8.0, memory=True), 1.0, 8.0)
