@@ -436,7 +436,7 @@ class StreamSession:
         first, last = sound_span(heard, self.rate)
         levels = frame_levels(heard[first:last], self.rate)
         seconds = (last - first) / self.rate
-        if idle or self._speech_level > 0.0 and self._silent(heard[first:last]):
+        if idle or self._speech_level > 0.0 and self._quiet(levels):
             return _Reading([], False, "", levels, seconds, silent=True)
         offset = (self._buffer_start + first) / self.rate
         beams = self.interim_beams if interim and self.interim_beams is not None else self.beams
@@ -509,9 +509,12 @@ class StreamSession:
         self._trim(end + self.step - limit, end)
 
     def _silent(self, audio: np.ndarray) -> bool:
-        """Every 20 ms frame of `audio` is pause_db under the stream's last speech (or no sound)."""
+        """Every 20 ms frame of `audio`'s sound is pause_db under the stream's last speech (or none)."""
         first, last = sound_span(audio, self.rate)
-        levels = frame_levels(audio[first:last], self.rate)
+        return self._quiet(frame_levels(audio[first:last], self.rate))
+
+    def _quiet(self, levels: np.ndarray) -> bool:
+        """Every frame level is pause_db under the stream's last speech (or there are none)."""
         return float(levels.max(initial=0.0)) <= quiet_under(self._speech_level, LOUDNESS.pause_db)
 
     def _end_utterance(self, at: int, keep_context: bool) -> None:
