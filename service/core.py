@@ -392,10 +392,10 @@ class SessionCore:
             raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, "the language and turn detection are set before "
                                   "the first audio; this session has audio already")
         try:
-            model_language(message.language, self.engine.dims.languages)
+            language = model_language(message.language, self.engine.dims.languages)
         except ValueError as e:
             raise P.ProtocolError(P.ErrorCode.BAD_MESSAGE, str(e)) from None
-        self.config = dataclasses.replace(self.config, language=message.language, vad=message.vad)
+        self.config = dataclasses.replace(self.config, language=language, vad=message.vad)
         self.limits = dataclasses.replace(self.limits, end_of_speech_ms=message.end_of_speech_ms,
                                           vad_aggressiveness=message.vad_aggressiveness)
         self.path = self._new_path()

@@ -353,3 +353,14 @@ def test_an_end_of_speech_keeps_the_sentence_and_a_long_pause_or_a_finalize_does
     assert stream.kept == [True, True, False] and stream.finals[-1] == 0
     core.control('{"type": "finalize"}')
     assert stream.kept[-1] is False
+
+
+def test_a_retuned_language_is_the_models_code_and_an_unknown_one_is_refused():
+    """A dialect's session update names a language by the one rule (`params.model_language`): the
+    session then holds the model's code, and a language the model lacks is refused by name."""
+    core, model = open_core()
+    core.receive(P.Retune(language="en-US", vad=True, end_of_speech_ms=600, vad_aggressiveness=2))
+    assert core.config.language == "en"
+    with pytest.raises(P.ProtocolError, match="unknown language 'xx'"):
+        core.receive(P.Retune(language="xx", vad=True, end_of_speech_ms=600, vad_aggressiveness=2))
+    assert core.config.language == "en"
