@@ -138,7 +138,7 @@ class CommitPolicy:
         """What a restored policy needs to decide as this one would (JSON-able): the committed
         words passes still compare with (the current utterance's, and the last `repeat_words`),
         the last pass's hypothesis and the pending words."""
-        keep = min(self._since, max(0, len(self._committed) - self.repeat_words))
+        keep = self._stale()
         words = lambda ws: [[w.word, float(w.start), float(w.end), float(w.probability)] for w in ws]  # noqa: E731
         return {"committed": words(self._committed[keep:]), "since": self._since - keep,
                 "previous": words(self._previous), "pending": words(self._pending)}
@@ -190,9 +190,14 @@ class CommitPolicy:
         self._previous = []
         self._forget()
 
+    def _stale(self) -> int:
+        """How many of the first committed words no pass compares with any more: before the current
+        utterance and beyond the last `repeat_words` (what `state` leaves out)."""
+        return min(self._since, max(0, len(self._committed) - self.repeat_words))
+
     def _forget(self) -> None:
-        """Drop the committed words no pass compares with (what `state` leaves out), in batches."""
-        old = min(self._since, max(0, len(self._committed) - self.repeat_words))
+        """Drop the committed words no pass compares with, in batches of FORGET_AFTER or more."""
+        old = self._stale()
         if old >= FORGET_AFTER:
             del self._committed[:old]
             self._since -= old

@@ -320,15 +320,12 @@ class Whistle(ModelFile):
         while i < len(spans):
             j = i
             fits = lambda k: k < len(spans) and spans[k][1] - spans[i][0] <= window  # noqa: E731
-            if self.sentences_per_pass is None:
-                while fits(j + 1):
-                    j += 1
+            while self.sentences_per_pass is None and fits(j + 1):   # as many as a window holds
+                j += 1
+            part = read(spans[i][0], spans[j][1])
+            while not self._whole(part) and fits(j + 1):                # else up to a sentence's end
+                j += 1
                 part = read(spans[i][0], spans[j][1])
-            else:
-                part = read(spans[i][0], spans[j][1])
-                while not self._whole(part) and fits(j + 1):
-                    j += 1
-                    part = read(spans[i][0], spans[j][1])
             words += part
             i = j + 1
             if progress is not None:
